@@ -1,0 +1,64 @@
+"""Multi-head attention with grouped KV heads, boolean masks and a KV cache.
+
+Axes: B batch, T query positions, S key positions, H query heads, G kv heads (H = G*R), K head dim.
+Masks are boolean, True = may attend. Softmax runs in fp32; a row with no allowed key yields zeros.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+NEG_INF = -1e30  # finite, so fully masked rows give a uniform softmax that we then zero out
+
+
+def causal_mask(q_pos_BT, k_pos_BS, window: int | None = None):
+  """[B, T, S]: key position <= query position (and within `window` positions when given)."""
+  ok = k_pos_BS[:, None, :] <= q_pos_BT[:, :, None]
+  if window is not None:
+    ok &= q_pos_BT[:, :, None] - k_pos_BS[:, None, :] < window
+  return ok
+
+
+def attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS=None, *, scale: float | None = None,
+              weights_hook: Callable | None = None):
+  """Returns (out [B,T,H,K], weights [B,H,T,S] fp32).
+
+  Args:
+    mask_BTS: boolean [B, T, S] (or broadcastable), True where attention is allowed; None = all allowed.
+    weights_hook: optional fn(weights_BHTS) -> weights_BHTS applied after the softmax (interventions).
+  """
+  b, t, h, k = q_BTHK.shape
+  g = k_BSGK.shape[2]
+  if h % g:
+    raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({g})")
+  scale = k ** -0.5 if scale is None else scale
+  q = q_BTHK.reshape(b, t, g, h // g, k)
+  logits = jnp.einsum("btgrk,bsgk->bgrts", q, k_BSGK, preferred_element_type=jnp.float32) * scale
+  if mask_BTS is not None:
+    m = jnp.broadcast_to(mask_BTS, (b, t, k_BSGK.shape[1]))[:, None, None]
+    logits = jnp.where(m, logits, NEG_INF)
+  w = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  if mask_BTS is not None:
+    w = jnp.where(m, w, 0.0)
+  w = w.reshape(b, h, t, -1)
+  if weights_hook is not None:
+    w = weights_hook(w)
+  wg = w.reshape(b, g, h // g, t, -1).astype(v_BSGK.dtype)
+  out = jnp.einsum("bgrts,bsgk->btgrk", wg, v_BSGK).reshape(b, t, h, k)
+  return out, w
+
+
+def init_cache(n_slots: int, batch: int, max_len: int, kv_heads: int, head_dim: int, dtype=jnp.float32):
+  """An empty KV cache: one slot per executed layer position; `pos` = -1 marks empty or padded entries."""
+  shape = (n_slots, batch, max_len, kv_heads, head_dim)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+          "pos": jnp.full((batch, max_len), -1, jnp.int32), "index": jnp.zeros((), jnp.int32)}
+
+
+def cache_write(slot_k_BSGK, slot_v_BSGK, k_BTGK, v_BTGK, index):
+  """Writes T new keys/values at offset `index` of one slot."""
+  k = jax.lax.dynamic_update_slice_in_dim(slot_k_BSGK, k_BTGK.astype(slot_k_BSGK.dtype), index, axis=1)
+  v = jax.lax.dynamic_update_slice_in_dim(slot_v_BSGK, v_BTGK.astype(slot_v_BSGK.dtype), index, axis=1)
+  return k, v
