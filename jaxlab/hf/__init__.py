@@ -1,0 +1,84 @@
+"""Hugging Face checkpoints <-> jaxlab (config.json + safetensors), without torch.
+
+`load(path)` reads a transformers-format directory (single or sharded safetensors, fp32/bf16/fp16) and returns
+(config, params) of the matching jaxlab family; `save(path, cfg, params)` writes a directory that
+transformers' `from_pretrained` loads. Families register themselves with `register`.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from jaxlab.hf import family as _family, io
+from jaxlab.hf.family import Family, Tensor
+
+_FAMILIES: list[Family] = []
+
+
+def register(fam: Family) -> None:
+  _FAMILIES.append(fam)
+
+
+def _by_model_type(mt: str) -> Family:
+  for fam in reversed(_FAMILIES):
+    if mt in fam.model_types:
+      return fam
+  known = sorted(t for f in _FAMILIES for t in f.model_types)
+  raise ValueError(f"unknown architecture: model_type {mt!r}; jaxlab loads {known}")
+
+
+def _by_config(cfg) -> Family:
+  for fam in reversed(_FAMILIES):
+    if isinstance(cfg, fam.config_cls):
+      return fam
+  raise TypeError(f"no Hugging Face family for config type {type(cfg).__name__}")
+
+
+def read_config(path: str) -> dict:
+  f = os.path.join(path, "config.json")
+  if not os.path.exists(f):
+    raise FileNotFoundError(f"{path}: expected a transformers-format directory with config.json")
+  with open(f) as fh:
+    return json.load(fh)
+
+
+def load(path: str, dtype=None):
+  """(cfg, params) from a transformers-format directory; `dtype` casts params (default: as stored)."""
+  d = read_config(path)
+  if "model_type" not in d:
+    raise ValueError(f"{path}/config.json has no model_type")
+  fam = _by_model_type(d["model_type"])
+  cfg = fam.config_from_hf(d)
+  tensors = io.read_dir(path)
+  _family.check(fam, cfg, tensors, path)
+  params = _family.to_params(fam, cfg, tensors, dtype)
+  first = next(iter(tensors.values())) if tensors else None
+  stored = _family.dtype_name(dtype or (first.dtype if first is not None else np.float32))
+  if hasattr(cfg, "param_dtype") and stored in ("float32", "bfloat16", "float16"):
+    cfg = cfg.replace(param_dtype=stored)
+  return cfg, params
+
+
+def save(path: str, cfg, params, dtype=None, max_shard_bytes: int = 5 * 2**30, overwrite: bool = False) -> None:
+  """Writes config.json and safetensors (sharded with an index past `max_shard_bytes`)."""
+  if os.path.exists(os.path.join(path, "config.json")) and not overwrite:
+    raise FileExistsError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
+  fam = _by_config(cfg)
+  d = fam.config_to_hf(cfg)
+  tensors = _family.from_params(fam, cfg, params, dtype)
+  _family.check(fam, cfg, tensors, "params")
+  d["torch_dtype"] = d["dtype"] = _family.dtype_name(next(iter(tensors.values())).dtype)
+  if overwrite:
+    for name in os.listdir(path):
+      if name.endswith(".safetensors") or name == io.INDEX:
+        os.remove(os.path.join(path, name))
+  io.write_dir(path, tensors, max_shard_bytes)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(d, f, indent=2)
+
+
+from jaxlab.hf import decoder as _decoder  # noqa: E402
+
+register(_decoder.FAMILY)
