@@ -1,0 +1,223 @@
+"""Checkpoints of train state and data-iterator state: the one orbax wrapper.
+
+A checkpoint at step S is the directory `<root>/S` holding three orbax items: `state` (any pytree of
+arrays: params, optimizer state, step, PRNG keys; each process writes its own shards), `data` (the data
+iterator's state as JSON: a dict, bytes, or nothing) and `metadata` (a JSON dict). Orbax writes into
+`S.orbax-checkpoint-tmp`, writes its commit marker `commit_success.txt` and renames the directory to `S`,
+so a step becomes visible only once complete. A checkpoint is restored onto any mesh: pass a target of
+ShapeDtypeStructs carrying the new shardings (e.g. `jaxlab.sharding.sharded_shapes`).
+
+Saving never replaces an existing step (CheckpointExistsError); old steps beyond `keep` are removed by the
+retention policy. `restore_latest` (what `--resume` uses) falls back past a newest checkpoint that is
+partial or unreadable, logging a warning naming it, and moves such checkpoints aside to `S.corrupt`.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Any, NamedTuple
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+log = logging.getLogger(__name__)
+
+COMMIT_MARKER = "commit_success.txt"
+_TMP_SUFFIX = ".orbax-checkpoint-tmp"
+
+
+class CheckpointExistsError(FileExistsError):
+  """Saving a step that already has a checkpoint (complete or not)."""
+
+
+class Restored(NamedTuple):
+  step: int
+  state: Any
+  data_state: dict | bytes | None
+  metadata: dict
+
+
+def _encode_data(data_state) -> dict:
+  if data_state is None:
+    return {"kind": "none"}
+  if isinstance(data_state, (bytes, bytearray)):
+    return {"kind": "bytes", "value": base64.b64encode(bytes(data_state)).decode("ascii")}
+  if isinstance(data_state, dict):
+    try:
+      json.dumps(data_state)
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"data_state dict must be JSON-serializable (or pass bytes): {e}") from None
+    return {"kind": "dict", "value": data_state}
+  raise TypeError(f"data_state must be a dict, bytes or None, found {type(data_state).__name__}")
+
+
+def _decode_data(item: dict):
+  kind = item.get("kind")
+  if kind == "none":
+    return None
+  if kind == "bytes":
+    return base64.b64decode(item["value"])
+  if kind == "dict":
+    return item["value"]
+  raise ValueError(f"unknown data_state kind {kind!r} in checkpoint")
+
+
+def _abstract(x):
+  if isinstance(x, jax.Array):
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+  return x
+
+
+class Checkpointer:
+  """Saves and restores train state + data-iterator state under one directory.
+
+  Args:
+    directory: root directory (local path or any path orbax/epath supports, e.g. gs://).
+    keep: how many most recent checkpoints to keep (None: all).
+    async_: write in a background thread; `save` returns once arrays are copied to host memory.
+  """
+
+  def __init__(self, directory, keep: int | None = 3, async_: bool = True):
+    if keep is not None and keep < 1:
+      raise ValueError(f"keep must be >= 1 or None, found {keep}")
+    self.directory = epath.Path(directory)
+    if self.directory.exists():
+      leftovers = [p.name for p in self.directory.iterdir() if _TMP_SUFFIX in p.name]
+      if leftovers:
+        log.warning("removing unfinished checkpoint writes in %s: %s", self.directory, sorted(leftovers))
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_,
+                                           cleanup_tmp_directories=True, create=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+  def step_dir(self, step: int) -> epath.Path:
+    return self.directory / str(step)
+
+  def _step_dirs(self) -> dict[int, epath.Path]:
+    if not self.directory.exists():
+      return {}
+    return {int(p.name): p for p in self.directory.iterdir() if p.name.isdigit() and p.is_dir()}
+
+  @staticmethod
+  def is_complete(path) -> bool:
+    """Whether a step directory carries orbax's commit marker."""
+    return (epath.Path(path) / COMMIT_MARKER).exists()
+
+  def all_steps(self) -> list[int]:
+    """Steps with a complete checkpoint on disk, ascending (a save still in flight is not listed)."""
+    return sorted(s for s, p in self._step_dirs().items() if self.is_complete(p))
+
+  def latest_step(self) -> int | None:
+    steps = self.all_steps()
+    return steps[-1] if steps else None
+
+  def save(self, step: int, state, data_state: dict | bytes | None = None, metadata: dict | None = None):
+    """Starts writing checkpoint `step` (returns before the write finishes when async; see `wait`).
+
+    Args:
+      step: the training step (non-negative int); must not have a checkpoint yet.
+      state: pytree of arrays (params, optimizer state, step, rng ...).
+      data_state: the data iterator's state: a JSON-serializable dict, bytes, or None.
+      metadata: a JSON-serializable dict stored alongside (config, metrics ...).
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+      raise ValueError(f"step must be a non-negative int, found {step!r}")
+    in_flight = any(p.name.startswith(f"{step}{_TMP_SUFFIX}") for p in self.directory.iterdir())
+    if step in self._step_dirs() or in_flight or step in self._manager.all_steps():
+      raise CheckpointExistsError(f"a checkpoint for step {step} already exists in {self.directory}; "
+                                  "refusing to overwrite it")
+    args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              data=ocp.args.JsonSave(_encode_data(data_state)),
+                              metadata=ocp.args.JsonSave(dict(metadata or {})))
+    if not self._manager.save(step, args=args, force=True):
+      raise RuntimeError(f"orbax declined to save step {step} in {self.directory}")
+
+  def wait(self):
+    """Blocks until every pending save is complete on disk."""
+    self._manager.wait_until_finished()
+
+  def restore(self, step: int | None = None, target=None) -> Restored:
+    """Restores a complete checkpoint (default: the latest).
+
+    Args:
+      step: which step; None = `latest_step()`.
+      target: pytree like the saved state of ShapeDtypeStructs (or arrays) whose shardings say where to
+        place each array, on any mesh. None restores with the saved shardings (same topology only).
+    """
+    if step is None:
+      step = self.latest_step()
+      if step is None:
+        raise FileNotFoundError(f"no complete checkpoint in {self.directory}")
+    path = self.step_dir(step)
+    if not path.exists():
+      raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}, found {self.all_steps()}")
+    if not self.is_complete(path):
+      raise ValueError(f"checkpoint {path} is incomplete (no {COMMIT_MARKER})")
+    target = None if target is None else jax.tree.map(_abstract, target)
+    out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                                             data=ocp.args.JsonRestore(),
+                                                             metadata=ocp.args.JsonRestore()))
+    return Restored(step, out["state"], _decode_data(out["data"]), out["metadata"] or {})
+
+  def restore_latest(self, target=None, *, set_aside: bool = True) -> Restored | None:
+    """`--resume`: the newest checkpoint that restores, or None when the directory has none.
+
+    A newer checkpoint that is partial (no commit marker) or fails to restore is reported with
+    logging.warning and skipped. Once an older one restores, the skipped ones are renamed to
+    `S.corrupt` (when `set_aside`) so training can save those steps again. If none restores, the
+    newest error is raised and nothing is renamed.
+
+    Args:
+      target: as in `restore`.
+      set_aside: rename skipped checkpoints out of the way after a successful fallback.
+    """
+    self.wait()
+    skipped, first_error = [], None
+    for step, path in sorted(self._step_dirs().items(), reverse=True):
+      if not self.is_complete(path):
+        log.warning("checkpoint %s is partial (no %s); falling back to the previous one", path,
+                        COMMIT_MARKER)
+        skipped.append(path)
+        continue
+      try:
+        restored = self.restore(step, target)
+      except Exception as e:  # noqa: BLE001  (any failure to read means this checkpoint is unusable)
+        log.warning("checkpoint %s failed to restore (%s: %s); falling back to the previous one", path,
+                        type(e).__name__, str(e)[:500])
+        skipped.append(path)
+        first_error = first_error or e
+        continue
+      if set_aside and skipped:
+        self._set_aside(skipped)
+      return restored
+    if first_error is not None:
+      raise first_error
+    if skipped:
+      raise FileNotFoundError(f"no complete checkpoint in {self.directory}, only partial ones: "
+                              f"{[str(p) for p in skipped]}")
+    return None
+
+  def _set_aside(self, paths):
+    if jax.process_index() == 0:
+      for path in paths:
+        dest = path.parent / f"{path.name}.corrupt"
+        i = 1
+        while dest.exists():
+          dest, i = path.parent / f"{path.name}.corrupt{i}", i + 1
+        log.warning("moving unusable checkpoint %s to %s", path, dest)
+        path.rename(dest)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils
+      multihost_utils.sync_global_devices("jaxlab_checkpoint_set_aside")
+    self._manager.reload()
+
+  def close(self):
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
