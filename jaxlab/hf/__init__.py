@@ -29,7 +29,8 @@ def _by_model_type(mt: str) -> Family:
   raise ValueError(f"unknown architecture: model_type {mt!r}; jaxlab loads {known}")
 
 
-def _by_config(cfg) -> Family:
+def family_of(cfg) -> Family:
+  """The registered family whose config class `cfg` is."""
   for fam in reversed(_FAMILIES):
     if isinstance(cfg, fam.config_cls):
       return fam
@@ -65,12 +66,12 @@ def save(path: str, cfg, params, dtype=None, max_shard_bytes: int = 5 * 2**30, o
   """Writes config.json and safetensors (sharded with an index past `max_shard_bytes`)."""
   if os.path.exists(os.path.join(path, "config.json")) and not overwrite:
     raise FileExistsError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
-  fam = _by_config(cfg)
+  fam = family_of(cfg)
   d = fam.config_to_hf(cfg)
   tensors = _family.from_params(fam, cfg, params, dtype)
   _family.check(fam, cfg, tensors, "params")
   d["torch_dtype"] = d["dtype"] = _family.dtype_name(next(iter(tensors.values())).dtype)
-  if overwrite:
+  if os.path.isdir(path):  # weights being replaced, or debris of a save interrupted before config.json
     for name in os.listdir(path):
       if name.endswith(".safetensors") or name == io.INDEX:
         os.remove(os.path.join(path, name))

@@ -8,6 +8,9 @@ from jaxlab.nn.rope import Rope
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "olmo2": "Olmo2ForCausalLM"}
 
+ACT_FROM_HF = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+ACT_TO_HF = {"gelu_tanh": "gelu_pytorch_tanh"}
+
 
 def _ids(v):
   return tuple(v) if isinstance(v, list) else v
@@ -28,11 +31,12 @@ def config_from_hf(d: dict) -> tfm.Config:
   if head_dim == d["hidden_size"] // n_heads:
     head_dim = None
   attention_bias = bool(d.get("attention_bias", False))
+  act = d.get("hidden_act", "silu")
   return tfm.Config(
       vocab_size=d["vocab_size"], d_model=d["hidden_size"], n_layers=d["num_hidden_layers"], n_heads=n_heads,
       n_kv_heads=d.get("num_key_value_heads") or n_heads, head_dim=head_dim, d_ff=d["intermediate_size"],
       max_position_embeddings=d.get("max_position_embeddings", 2048), rope=rope_from_hf(d),
-      norm_eps=d.get("rms_norm_eps", 1e-6), activation=d.get("hidden_act", "silu"),
+      norm_eps=d.get("rms_norm_eps", 1e-6), activation=ACT_FROM_HF.get(act, act),
       qkv_bias=True if mt == "qwen2" else attention_bias, o_bias=attention_bias and mt != "qwen2",
       mlp_bias=bool(d.get("mlp_bias", False)),
       qk_norm={"qwen3": "head", "olmo2": "full"}.get(mt, "none"), post_norm=mt == "olmo2",
@@ -50,14 +54,21 @@ def model_type(cfg: tfm.Config) -> str:
   if cfg.post_norm or cfg.qk_norm == "full":
     if not (cfg.post_norm and cfg.qk_norm == "full") or cfg.qkv_bias != cfg.o_bias:
       raise ValueError("olmo2 needs post_norm with qk_norm='full' (and q/k/v/o biases all on or all off)")
-    return "olmo2"
-  if cfg.qk_norm == "head":
-    return "qwen3"
-  if cfg.qkv_bias and not cfg.o_bias:
-    return "qwen2"
-  if cfg.sliding_window is not None:
-    return "mistral"
-  return "llama"
+    mt = "olmo2"
+  elif cfg.qk_norm == "head":
+    mt = "qwen3"
+  elif cfg.qkv_bias and not cfg.o_bias:
+    mt = "qwen2"
+  elif cfg.sliding_window is not None:
+    mt = "mistral"
+  else:
+    mt = "llama"
+  if mt in ("llama", "qwen3") and cfg.qkv_bias != cfg.o_bias:
+    raise ValueError(f"{mt} has one attention_bias for q/k/v/o; found qkv_bias={cfg.qkv_bias}, o_bias={cfg.o_bias}")
+  if cfg.sliding_window is not None and mt != "mistral":
+    raise ValueError(f"{mt} checkpoints cannot carry sliding_window={cfg.sliding_window}; only mistral "
+                     "(no biases, no qk-norm, pre-norm) can")
+  return mt
 
 
 def config_to_hf(cfg: tfm.Config) -> dict:
@@ -66,7 +77,8 @@ def config_to_hf(cfg: tfm.Config) -> dict:
   d = {"architectures": [ARCHITECTURES[mt]], "model_type": mt, "vocab_size": cfg.vocab_size,
        "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
        "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.kdim,
-       "hidden_act": cfg.activation, "max_position_embeddings": cfg.max_position_embeddings,
+       "hidden_act": ACT_TO_HF.get(cfg.activation, cfg.activation),
+       "max_position_embeddings": cfg.max_position_embeddings,
        "rms_norm_eps": cfg.norm_eps, "initializer_range": cfg.init_std,
        "tie_word_embeddings": cfg.tie_embeddings, "rope_theta": cfg.rope.theta, "rope_parameters": rope,
        "rope_scaling": None if cfg.rope.type == "default" else {k: v for k, v in rope.items() if k != "rope_theta"},

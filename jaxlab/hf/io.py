@@ -22,9 +22,10 @@ SINGLE = "model.safetensors"
 
 def read_file(path: str) -> dict[str, np.ndarray]:
   with open(path, "rb") as f:
+    size = os.fstat(f.fileno()).st_size
+    if size < 8:
+      raise ValueError(f"{path}: not a safetensors file (only {size} bytes): truncated?")
     buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-  if len(buf) < 8:
-    raise ValueError(f"{path}: not a safetensors file (only {len(buf)} bytes)")
   (n,) = struct.unpack("<Q", buf[:8])
   if 8 + n > len(buf):
     raise ValueError(f"{path}: header of {n} bytes runs past the end of the file ({len(buf)} bytes): truncated?")

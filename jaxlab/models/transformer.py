@@ -63,6 +63,10 @@ class Config:
     for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff"):
       if getattr(self, name) <= 0:
         bad(f"{name} must be positive, found {getattr(self, name)}")
+    if self.n_kv_heads is not None and self.n_kv_heads <= 0:
+      bad(f"n_kv_heads must be positive (or None for n_heads), found {self.n_kv_heads}")
+    if self.head_dim is not None and self.head_dim <= 0:
+      bad(f"head_dim must be positive (or None for d_model // n_heads), found {self.head_dim}")
     if self.head_dim is None and self.d_model % self.n_heads:
       bad(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}) when head_dim is not given")
     if self.n_heads % self.kv_heads:
