@@ -31,7 +31,8 @@ MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
 _COMMON = (("batch", BATCH_AXES), ("seq", None), ("layers", None), ("qk_norm", None), ("head_dim", None),
-           ("patch", None), ("pos", None), ("rank", None), ("classes", None))
+           ("patch", None), ("pos", None), ("rank", None), ("classes", None),
+           ("kron_r1", None), ("kron_in", None), ("kron_out", None), ("kron_r2", None))
 RULES = {
     "dp": (("vocab", None), ("embed", None), ("q_heads", None), ("kv_heads", None), ("heads", None),
            ("mlp", None)) + _COMMON,

@@ -1,0 +1,315 @@
+"""Federated Sketching LoRA (FSLoRA, arXiv:2501.19389) with the FedLoRA and HetLoRA-style zero-padding
+baselines, as a federated simulation over any model: the caller supplies `loss_fn(effective_params, batch)`.
+
+The server keeps a global LoRA per target (`lora` layout: lora_a [.., in, r] = A^T, lora_b [.., r, out] = B^T of
+the paper's B [m, r], A [r, n]) with rsLoRA scale s = alpha/sqrt(r). Each round `plan_round` samples C of the N
+clients, each one's index set I_i (|I_i| = k_i) and its minibatch indices; the round function trains the sampled
+clients in one vmapped program for H local AdamW steps from the global LoRA and aggregates:
+
+  fslora:  I_i uniform of size k_i, S_i = (r/k_i) diag(1_{I_i}) (E[S_i] = I); client model W0 + s B S_i A.
+  fedlora: k_i = r, S_i = I.
+  hetlora: client rank r_i = k_i trains the first k_i components, S_i = diag(1_{I_i}) (its truncated copy of the
+           global LoRA), and the server averages with zero padding.
+
+A client touches only columns I_i of B and rows I_i of A (outside I_i the sketched forward has zero gradient and
+updates are masked, so weight decay cannot move them) and uploads only those submatrices. The server treats
+g = -mean_i(delta_i) (zero where a client did not touch) as a pseudo-gradient for its optimizer (SGD with lr 1 is
+FedAvg). Index sets are 0/1 masks of length r, so all clients share one compiled program; in this simulation a
+client's compute is therefore that of rank r, while its upload is counted from k_i:
+k_i * sum_targets (#stacked layers) * (in + out) * itemsize bytes.
+
+Axes: N clients, C sampled clients, H local steps, b batch, r rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxlab.adapters import lora
+
+METHODS = ("fslora", "fedlora", "hetlora")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  method: str = "fslora"
+  rank: int = 8
+  alpha: float = 16.0
+  targets: tuple[str, ...] = ("q", "v")
+  n_clients: int = 50
+  clients_per_round: int = 10
+  local_steps: int = 5  # H
+  batch_size: int = 8
+  local_lr: float = 1e-3
+  local_weight_decay: float = 0.0
+  server_lr: float = 1.0
+  server_opt: str = "sgd"  # "sgd" | "adam"
+  ratios: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # k_i / r, client i takes ratios[i % len]; fedlora: all 1
+
+  def __post_init__(self):
+    for name in ("targets", "ratios"):
+      v = getattr(self, name)
+      if not isinstance(v, tuple):
+        object.__setattr__(self, name, (v,) if isinstance(v, (str, int, float)) else tuple(v))
+
+    def bad(msg):
+      raise ValueError(f"fslora.Config: {msg}")
+    if self.method not in METHODS:
+      bad(f"method must be one of {METHODS}, found {self.method!r}")
+    if self.server_opt not in ("sgd", "adam"):
+      bad(f"server_opt must be 'sgd' or 'adam', found {self.server_opt!r}")
+    for name in ("rank", "n_clients", "clients_per_round", "local_steps", "batch_size"):
+      if getattr(self, name) <= 0:
+        bad(f"{name} must be positive, found {getattr(self, name)}")
+    if self.clients_per_round > self.n_clients:
+      bad(f"clients_per_round ({self.clients_per_round}) must be <= n_clients ({self.n_clients})")
+    if not self.ratios or any(not 0 < q <= 1 for q in self.ratios):
+      bad(f"ratios must be non-empty and in (0, 1], found {self.ratios}")
+    self.lora()
+
+  def lora(self) -> lora.Config:
+    return lora.Config(rank=self.rank, alpha=self.alpha, targets=self.targets, rslora=True)
+
+  def client_k(self) -> np.ndarray:
+    """k_i for every client (sketch size for fslora, client rank for hetlora, r for fedlora)."""
+    if self.method == "fedlora":
+      return np.full(self.n_clients, self.rank, np.int32)
+    q = np.asarray([self.ratios[i % len(self.ratios)] for i in range(self.n_clients)])
+    return np.clip(np.round(q * self.rank), 1, self.rank).astype(np.int32)
+
+  def replace(self, **kw) -> "Config":
+    return dataclasses.replace(self, **kw)
+
+
+class Plan(NamedTuple):
+  clients: Any  # [C] int32 client ids
+  mask: Any  # [C, r] float32, 1 on I_i
+  factor: Any  # [C] float32, r/k_i for fslora, else 1
+  batch_idx: Any  # [C, H, b] int32 example indices into each client's data
+
+
+class State(NamedTuple):
+  adapter: dict
+  opt_state: Any
+  round: Any
+
+
+def random_mask(key, r: int, k):
+  """The 0/1 indicator of a uniformly random k-subset of range(r) (k may be traced)."""
+  perm = jax.random.permutation(key, r)
+  return jnp.zeros((r,), jnp.float32).at[perm].set((jnp.arange(r) < k).astype(jnp.float32))
+
+
+def sketch(mask, k, r: int):
+  """S = (r/k) diag(mask)."""
+  return jnp.diag(mask * (r / k))
+
+
+def plan_round(cfg: Config, key, sizes) -> Plan:
+  """Samples the round's clients (without replacement), their index sets and minibatch indices.
+
+  The client draw and batch indices use keys independent of the method, so methods given the same key see the
+  same clients and data.
+
+  Args:
+    cfg: the federation config.
+    key: PRNG key of this round.
+    sizes: [N] number of examples each client holds.
+  """
+  return _plan(cfg, key, jnp.asarray(sizes, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _plan(cfg: Config, key, sizes):
+  C, r = cfg.clients_per_round, cfg.rank
+  kc, km, kb = jax.random.split(key, 3)
+  clients = jax.random.choice(kc, cfg.n_clients, (C,), replace=False).astype(jnp.int32)
+  k = jnp.asarray(cfg.client_k())[clients]
+  if cfg.method == "fslora":
+    mask = jax.vmap(lambda kk, ki: random_mask(kk, r, ki))(jax.random.split(km, C), k)
+    factor = r / k.astype(jnp.float32)
+  else:
+    mask = (jnp.arange(r)[None, :] < k[:, None]).astype(jnp.float32)
+    factor = jnp.ones((C,), jnp.float32)
+  n = sizes[clients][:, None, None]
+  u = jax.random.uniform(kb, (C, cfg.local_steps, cfg.batch_size))
+  idx = jnp.minimum(jnp.floor(u * n).astype(jnp.int32), n - 1)
+  return Plan(clients, mask, factor, idx)
+
+
+def sketched(adapter, mask, factor):
+  """The client's adapter with S folded into lora_a: A^T diag(factor * mask)."""
+  return {p: {"lora_a": l["lora_a"] * (factor * mask).astype(l["lora_a"].dtype), "lora_b": l["lora_b"]}
+          for p, l in adapter.items()}
+
+
+def _mask_tree(adapter, mask):
+  return {p: {"lora_a": l["lora_a"] * mask.astype(l["lora_a"].dtype),
+              "lora_b": l["lora_b"] * mask[:, None].astype(l["lora_b"].dtype)} for p, l in adapter.items()}
+
+
+def client_update(cfg: Config, loss_fn: Callable, adapter, base_params, data, mask, factor, batch_idx):
+  """H local AdamW steps of one client on W0 + s B S A, updating only the components in `mask`.
+
+  Args:
+    cfg: the federation config.
+    loss_fn: loss_fn(effective_params, batch) -> scalar.
+    adapter: the global LoRA the client starts from.
+    base_params: frozen base params.
+    data: this client's examples (pytree of [n_max, ...] arrays).
+    mask: [r] 0/1 index set; factor: scalar r/k (1 for fedlora/hetlora).
+    batch_idx: [H, b] example indices.
+
+  Returns:
+    (new adapter, [H] losses before each step).
+  """
+  lcfg = cfg.lora()
+  tx = optax.adamw(cfg.local_lr, weight_decay=cfg.local_weight_decay)
+
+  def loss(ad, batch):
+    return loss_fn(lora.merge(base_params, sketched(ad, mask, factor), lcfg), batch)
+
+  def step(carry, idx):
+    ad, opt = carry
+    batch = jax.tree.map(lambda x: x[idx], data)
+    value, grads = jax.value_and_grad(loss)(ad, batch)
+    updates, opt = tx.update(grads, opt, ad)
+    return (optax.apply_updates(ad, _mask_tree(updates, mask)), opt), value
+
+  (new, _), losses = jax.lax.scan(step, (adapter, tx.init(adapter)), batch_idx)
+  return new, losses
+
+
+def server_optimizer(cfg: Config) -> optax.GradientTransformation:
+  return optax.sgd(cfg.server_lr) if cfg.server_opt == "sgd" else optax.adam(cfg.server_lr)
+
+
+def init(cfg: Config, base_params, key, server_tx: optax.GradientTransformation | None = None) -> State:
+  """The server's state: a fresh global LoRA (A kaiming-uniform, B zeros) and its optimizer state."""
+  adapter = lora.init(cfg.lora(), base_params, key)
+  tx = server_tx or server_optimizer(cfg)
+  return State(adapter, tx.init(adapter), jnp.zeros((), jnp.int32))
+
+
+def make_round(cfg: Config, loss_fn: Callable, server_tx: optax.GradientTransformation | None = None):
+  """A jitted round(state, base_params, data, plan) -> (state, {"loss": [C, H]}).
+
+  `data` is a pytree of [N, n_max, ...] arrays (see `stack_clients`); the sampled clients run under jax.vmap.
+  """
+  tx = server_tx or server_optimizer(cfg)
+
+  @jax.jit
+  def round_fn(state: State, base_params, data, plan: Plan):
+    def one(cid, mask, factor, idx):
+      mine = jax.tree.map(lambda x: x[cid], data)
+      new, losses = client_update(cfg, loss_fn, state.adapter, base_params, mine, mask, factor, idx)
+      return jax.tree.map(jnp.subtract, new, state.adapter), losses
+
+    deltas, losses = jax.vmap(one)(plan.clients, plan.mask, plan.factor, plan.batch_idx)
+    pseudo_grad = jax.tree.map(lambda d: -jnp.mean(d, axis=0), deltas)
+    updates, opt_state = tx.update(pseudo_grad, state.opt_state, state.adapter)
+    adapter = optax.apply_updates(state.adapter, updates)
+    return State(adapter, opt_state, state.round + 1), {"loss": losses}
+
+  return round_fn
+
+
+def upload_bytes(adapter, plan: Plan) -> np.ndarray:
+  """[C] bytes each sampled client uploads: its columns of B and rows of A for every target."""
+  per_component = 0
+  for leaf in adapter.values():
+    a, b = leaf["lora_a"], leaf["lora_b"]
+    per_component += a.size // a.shape[-1] * a.dtype.itemsize + b.size // b.shape[-2] * b.dtype.itemsize
+  return np.asarray(plan.mask).sum(-1).round().astype(np.int64) * per_component
+
+
+# --------------------------------------------------------------------------------------------- data
+
+def dirichlet_split(labels, n_clients: int, alpha: float, seed: int = 0, min_size: int = 1,
+                    max_tries: int = 1000) -> list[np.ndarray]:
+  """Non-IID partition: for each class, client shares ~ Dirichlet(alpha); redrawn until every client has
+  `min_size` examples. Clients already holding more than an equal share get no more of later classes
+  (the usual balancing, so small alphas terminate).
+
+  Args:
+    labels: [n] class (or task) label of every example.
+    n_clients: N.
+    alpha: concentration (small: each client sees few classes).
+    seed: NumPy seed.
+    min_size: minimum examples per client.
+    max_tries: redraws before giving up.
+  """
+  labels = np.asarray(labels)
+  n = labels.shape[0]
+  if n < n_clients * min_size:
+    raise ValueError(f"dirichlet_split: {n} examples cannot give {n_clients} clients {min_size} each")
+  rng = np.random.default_rng(seed)
+  for _ in range(max_tries):
+    parts: list[list[int]] = [[] for _ in range(n_clients)]
+    for c in np.unique(labels):
+      idx = rng.permutation(np.flatnonzero(labels == c))
+      p = rng.dirichlet(np.full(n_clients, alpha))
+      p = p * np.asarray([len(q) < n / n_clients for q in parts])
+      p = p / p.sum() if p.sum() > 0 else np.full(n_clients, 1.0 / n_clients)
+      cuts = (np.cumsum(p)[:-1] * len(idx)).astype(int)
+      for q, chunk in zip(parts, np.split(idx, cuts)):
+        q.extend(chunk.tolist())
+    if min(len(q) for q in parts) >= min_size:
+      return [np.sort(np.asarray(q, np.int64)) for q in parts]
+  raise ValueError(f"dirichlet_split: no draw in {max_tries} gave every client >= {min_size} examples "
+                   f"(alpha={alpha}, {n} examples, {n_clients} clients)")
+
+
+def stack_clients(data, splits: list[np.ndarray]):
+  """(pytree of [N, n_max, ...] arrays, [N] sizes) from a pytree of [n, ...] arrays and per-client indices.
+
+  Short clients are padded with their own first example (never sampled: batch indices stay below the size).
+  """
+  sizes = np.asarray([len(s) for s in splits], np.int32)
+  if sizes.min() < 1:
+    raise ValueError(f"stack_clients: every client needs at least one example, found sizes {sizes.tolist()}")
+  n_max = int(sizes.max())
+  rows = np.stack([np.concatenate([s, np.full(n_max - len(s), s[0])]) for s in splits])
+  return jax.tree.map(lambda x: jnp.asarray(np.asarray(x)[rows]), data), sizes
+
+
+# ------------------------------------------------------------------------------------------ driver
+
+def simulate(cfg: Config, loss_fn: Callable, base_params, data, sizes, rounds: int, key,
+             eval_fn: Callable | None = None, eval_every: int = 0,
+             server_tx: optax.GradientTransformation | None = None, state: State | None = None):
+  """Runs `rounds` rounds; returns (state, history).
+
+  Args:
+    cfg, loss_fn: as in `make_round`.
+    base_params: frozen base params.
+    data, sizes: from `stack_clients`.
+    rounds: number of rounds.
+    key: PRNG key (adapter init and every round's plan).
+    eval_fn: eval_fn(effective_params) -> dict of floats, run every `eval_every` rounds and at the end.
+    server_tx: server optimizer (default from cfg).
+    state: resume from this server state.
+
+  Each history entry: round, train_loss (mean client loss at the last local step), upload_bytes (cumulative,
+  all clients), and the eval metrics where computed.
+  """
+  k_init, key = jax.random.split(key)
+  if state is None:
+    state = init(cfg, base_params, k_init, server_tx)
+  round_fn = make_round(cfg, loss_fn, server_tx)
+  history, total = [], 0
+  for i in range(rounds):
+    plan = plan_round(cfg, jax.random.fold_in(key, int(state.round)), sizes)
+    total += int(upload_bytes(state.adapter, plan).sum())
+    state, m = round_fn(state, base_params, data, plan)
+    entry = {"round": int(state.round), "train_loss": float(jnp.mean(m["loss"][:, -1])), "upload_bytes": total}
+    if eval_fn is not None and ((eval_every and (i + 1) % eval_every == 0) or i == rounds - 1):
+      entry.update({k: float(v) for k, v in eval_fn(lora.merge(base_params, state.adapter, cfg.lora())).items()})
+    history.append(entry)
+  return state, history
