@@ -83,3 +83,4 @@ def save(path: str, cfg, params, dtype=None, max_shard_bytes: int = 5 * 2**30, o
 from jaxlab.hf import decoder as _decoder  # noqa: E402
 
 register(_decoder.FAMILY)
+from jaxlab.hf import vision as _vision  # noqa: E402,F401  (registers its families on import)

@@ -20,6 +20,7 @@ class Tensor:
   hf: str  # e.g. "model.layers.{i}.self_attn.q_proj.weight"
   path: tuple[str, ...]  # e.g. ("layers", "attn", "q", "kernel")
   transpose: bool = False  # HF stores Linear weights [out, in]; jaxlab kernels are [in, out]
+  n_layers: int | None = None  # layer count of a "{i}" tensor when it differs from the family's (sub-models)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,10 @@ class Family:
   n_layers: Callable[[Any], int]
   ignore: tuple[str, ...] = ("rotary_emb.inv_freq",)  # substrings of checkpoint names that carry no params
   redundant: Callable[[Any], tuple[str, ...]] = lambda cfg: ()  # names allowed but unused (tied copies)
+
+
+def _count(fam: "Family", cfg, t: Tensor) -> int:
+  return fam.n_layers(cfg) if t.n_layers is None else t.n_layers
 
 
 def _get(tree, path):
@@ -60,7 +65,7 @@ def expected_shapes(fam: Family, cfg) -> dict[str, tuple[tuple[int, ...], Tensor
     except KeyError as e:
       raise KeyError(f"tensor map entry {t.hf} points at missing param {'/'.join(t.path)}") from e
     if "{i}" in t.hf:
-      for i in range(fam.n_layers(cfg)):
+      for i in range(_count(fam, cfg, t)):
         out[t.hf.format(i=i)] = (_hf_shape(t, shape[1:]), t)
     else:
       out[t.hf] = (_hf_shape(t, shape), t)
@@ -86,7 +91,7 @@ def to_params(fam: Family, cfg, tensors: dict[str, np.ndarray], dtype=None) -> d
   params: dict = {}
   for t in fam.tensors(cfg):
     if "{i}" in t.hf:
-      arr = np.stack([tensors[t.hf.format(i=i)] for i in range(fam.n_layers(cfg))])
+      arr = np.stack([tensors[t.hf.format(i=i)] for i in range(_count(fam, cfg, t))])
     else:
       arr = tensors[t.hf]
     if t.transpose:
@@ -104,7 +109,7 @@ def from_params(fam: Family, cfg, params, dtype=None) -> dict[str, np.ndarray]:
     if t.transpose:
       arr = np.swapaxes(arr, -1, -2)
     if "{i}" in t.hf:
-      for i in range(fam.n_layers(cfg)):
+      for i in range(_count(fam, cfg, t)):
         out[t.hf.format(i=i)] = np.ascontiguousarray(arr[i])
     else:
       out[t.hf] = np.ascontiguousarray(arr)

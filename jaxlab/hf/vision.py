@@ -35,8 +35,6 @@ _ACT_FROM_HF = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "g
                 "relu": "relu", "silu": "silu"}
 _ACT_TO_HF = {"gelu_tanh": "gelu_pytorch_tanh"}
 VISION_MODEL_TYPES = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "dinov2": "dinov2"}
-# Tensor.n_layers (a per-tensor layer count) lets one checkpoint hold stacks of different depths (LLaVA).
-PER_TENSOR_LAYERS = "n_layers" in {f.name for f in dataclasses.fields(Tensor)}
 
 
 def _act(name: str) -> str:
@@ -199,12 +197,10 @@ def llava_config_to_hf(cfg: vlm.Config) -> dict:
 
 
 def _with_layers(t: Tensor, n: int, family_n: int) -> Tensor:
+  """The vision tower's per-layer tensors carry their own depth (it may differ from the LM's)."""
   if "{i}" not in t.hf or n == family_n:
     return t
-  if PER_TENSOR_LAYERS:
-    return dataclasses.replace(t, n_layers=n)
-  raise NotImplementedError(f"a LLaVA checkpoint whose vision tower ({n} layers) and language model ({family_n} "
-                            "layers) differ in depth needs a per-tensor layer count (jaxlab.hf.family.Tensor.n_layers)")
+  return dataclasses.replace(t, n_layers=n)
 
 
 def _text_name(name: str) -> str:
