@@ -16,7 +16,6 @@ import torch
 import transformers
 
 from jaxlab import hf
-from jaxlab.hf import vision as hf_vision
 from jaxlab.models import vlm
 
 ATOL = 1e-4
