@@ -1,0 +1,190 @@
+"""Benchmarks against transformers (PyTorch eager) on the same weights: `train_step` and `generate`.
+
+MFU (PaLM, arXiv 2204.02311, appendix B) counts `transformer.flops_per_token` (6N + attention) for both
+implementations against the machine's measured peak (`jaxlab.train.metrics.peak_flops`: NumPy fp32 GEMM on
+CPU). The PyTorch model is the jaxlab model exported with `jaxlab.hf.save` and loaded by `from_pretrained`,
+so both compute the same function; the report includes their initial losses / greedy tokens as a check.
+
+  python -m experiments bench train_step [--model llama-60m --batch 8 --seq 256 --steps 3] [--out f.json]
+  python -m experiments bench generate [--model llama-60m --new-tokens 128 --batches 1,8] [--out f.json]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import numpy as np
+
+from experiments import registry
+from jaxlab.models import transformer as tfm
+from jaxlab.train import metrics as metrics_lib
+
+
+def _model_cfg(name: str, dtype: str) -> tfm.Config:
+  if name not in tfm.PRESETS:
+    raise SystemExit(f"unknown model {name!r}; presets: {sorted(tfm.PRESETS)}")
+  return tfm.PRESETS[name].replace(dtype=dtype, param_dtype=dtype)
+
+
+def _hf_model(cfg: tfm.Config, params, torch_dtype):
+  import torch
+  import transformers
+  from jaxlab import hf
+  with tempfile.TemporaryDirectory() as d:
+    hf.save(d, cfg, jax.device_get(params), overwrite=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch_dtype)
+  return model
+
+
+def _timed(fn, steps: int, warmup: int) -> tuple[list[float], float]:
+  t0 = time.perf_counter()
+  for _ in range(warmup):
+    fn()
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return times, first
+
+
+def _train_jax(cfg, params, tokens, lr, steps, warmup):
+  import optax
+  from jaxlab.train import state as st, step as sp
+  tx = optax.adamw(lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0)
+  state = st.TrainState(params, jax.jit(tx.init)(params), np.int32(0), jax.random.PRNGKey(0))
+  step = sp.jit_train_step(sp.make_train_step(sp.lm_loss_fn(cfg, document_mask=False), tx))
+  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+  box = {"state": state, "losses": []}
+
+  def one():
+    box["state"], m = step(box["state"], batch)
+    box["losses"].append(float(m["loss"]))  # blocks until the step is done
+  times, first = _timed(one, steps, warmup)
+  return times, first, box["losses"][0]
+
+
+def _train_torch(model, tokens, lr, steps, warmup):
+  import torch
+  opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+  inputs = torch.from_numpy(np.asarray(tokens[:, :-1], np.int64))
+  targets = torch.from_numpy(np.asarray(tokens[:, 1:], np.int64))
+  model.train()
+  losses = []
+
+  def one():
+    logits = model(input_ids=inputs).logits
+    loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    losses.append(float(loss.detach()))
+  times, first = _timed(one, steps, warmup)
+  return times, first, losses[0]
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog=f"python -m experiments bench {prog}")
+  p.add_argument("--model", default="llama-60m", help="a transformer.PRESETS name")
+  p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  p.add_argument("--no-hf", action="store_true", help="skip the transformers/PyTorch side")
+  p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
+  p.add_argument("--remeasure-peak", action="store_true", help="measure the peak FLOP/s again in this process instead of reading the cache")
+  return p
+
+
+def _peak(remeasure: bool) -> float:
+  if remeasure and jax.default_backend() == "cpu" and not os.environ.get("JAXLAB_PEAK_FLOPS"):
+    metrics_lib.peak_flops.cache_clear()
+    fresh = metrics_lib.measure_numpy_gemm_flops()
+    os.environ["JAXLAB_PEAK_FLOPS"] = str(fresh)
+  return metrics_lib.peak_flops()
+
+
+def bench_train_step(argv) -> dict:
+  """Train-step throughput (fwd + bwd + AdamW, fp32 by default): jaxlab vs transformers eager."""
+  p = _parser("train_step")
+  p.add_argument("--batch", type=int, default=8)
+  p.add_argument("--seq", type=int, default=256)
+  p.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
+  p.add_argument("--warmup", type=int, default=1, help="untimed steps first (the jax one compiles)")
+  args = p.parse_args(argv)
+  cfg = _model_cfg(args.model, args.dtype)
+  peak = _peak(args.remeasure_peak)
+  fpt = tfm.flops_per_token(cfg, args.seq)
+  tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, args.seq + 1)).astype(np.int32)
+  params = tfm.init(cfg, jax.random.PRNGKey(0))
+  n_tok = args.batch * args.seq
+  out = {"model": args.model, "params": tfm.num_params(params), "batch": args.batch, "seq": args.seq,
+         "dtype": args.dtype, "flops_per_token": fpt, "peak_flops": peak, "backend": jax.default_backend(),
+         "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
+  hf_model = None
+  if not args.no_hf:
+    import torch
+    torch.set_num_threads(args.threads)
+    hf_model = _hf_model(cfg, params, getattr(torch, args.dtype))
+  times, first, loss0 = _train_jax(cfg, params, tokens, 1e-3, args.steps, args.warmup)
+  del params
+  med = statistics.median(times)
+  out.update(jax_step_s=med, jax_first_step_s=first, jax_tokens_per_s=n_tok / med,
+             jax_mfu=fpt * n_tok / med / peak, jax_initial_loss=loss0)
+  if hf_model is not None:
+    import torch
+    times, first, loss0 = _train_torch(hf_model, tokens, 1e-3, args.steps, args.warmup)
+    med = statistics.median(times)
+    out.update(hf_step_s=med, hf_first_step_s=first, hf_tokens_per_s=n_tok / med,
+               hf_mfu=fpt * n_tok / med / peak, hf_initial_loss=loss0, torch_threads=torch.get_num_threads(),
+               hf_attn_implementation=hf_model.config._attn_implementation)
+    out["speedup_vs_hf"] = out["jax_tokens_per_s"] / out["hf_tokens_per_s"]
+    out["initial_loss_abs_diff"] = abs(out["jax_initial_loss"] - out["hf_initial_loss"])
+  return out
+
+
+def bench_generate(argv) -> dict:
+  """Greedy generation throughput (new tokens/s over the batch): jaxlab.generate.sample vs HF generate."""
+  p = _parser("generate")
+  p.add_argument("--new-tokens", type=int, default=128)
+  p.add_argument("--prompt-len", type=int, default=16)
+  p.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
+  p.add_argument("--repeats", type=int, default=2)
+  args = p.parse_args(argv)
+  from jaxlab.generate import bench_generate as jax_bench, sample
+  cfg = _model_cfg(args.model, args.dtype).replace(eos_token_id=None)
+  params = tfm.init(cfg, jax.random.PRNGKey(0))
+  out = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
+         "backend": jax.default_backend(), "load_avg_1m": os.getloadavg()[0]}
+  hf_model = None
+  if not args.no_hf:
+    import torch
+    torch.set_num_threads(args.threads)
+    hf_model = _hf_model(cfg, params, getattr(torch, args.dtype)).eval()
+  for b in (int(x) for x in args.batches.split(",")):
+    r = jax_bench(cfg, params, b, args.new_tokens, prompt_len=args.prompt_len, repeats=args.repeats)
+    out[f"jax_b{b}_tokens_per_s"] = r["tokens_per_s"]
+    out[f"jax_b{b}_compile_s"] = r["compile_s"]
+    if hf_model is None:
+      continue
+    import torch
+    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, (b, args.prompt_len)).astype(np.int64)
+    ids = torch.from_numpy(prompt)
+    kw = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+              attention_mask=torch.ones_like(ids), pad_token_id=0)
+    with torch.inference_mode():
+      hf_tokens = hf_model.generate(ids, **kw)[:, args.prompt_len:].numpy()
+      times, _ = _timed(lambda: hf_model.generate(ids, **kw), args.repeats, 0)
+    out[f"hf_b{b}_tokens_per_s"] = b * args.new_tokens / min(times)
+    out[f"speedup_vs_hf_b{b}"] = out[f"jax_b{b}_tokens_per_s"] / out[f"hf_b{b}_tokens_per_s"]
+    jax_tokens = np.asarray(sample(params, cfg, prompt.astype(np.int32), args.new_tokens).tokens)
+    out[f"greedy_token_agreement_b{b}"] = float(np.mean(jax_tokens == hf_tokens))
+  return out
+
+
+registry.register_bench("train_step", bench_train_step,
+                        "llama-60m train step (fwd+bwd+AdamW) tokens/s and MFU, jaxlab vs transformers eager")
+registry.register_bench("generate", bench_generate,
+                        "greedy generation tokens/s (batch 1 and 8), jaxlab.generate.sample vs HF generate")

@@ -1,0 +1,219 @@
+"""Pretrain a decoder LM (LLaMA architecture, arXiv 2302.13971) with next-token loss on a text corpus.
+
+The default corpus is CPython's standard-library sources (present on every machine), byte-tokenized; the
+`full` preset is the GaLore LLaMA-60M setting (arXiv 2403.03507: batch 512, sequence 256, lr 1e-3, 10%
+warmup then cosine to 10%) on a corpus given by path. Checkpoints (train state + data iterator state) every
+`ckpt_every` steps; `--resume` continues from the latest complete one.
+
+  python -m experiments run lm_pretrain --preset cpu
+  python -m experiments run lm_pretrain --preset full --set corpus=/data/c4.jsonl --set tokenizer=/tok/dir
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+
+import jax
+import numpy as np
+import optax
+
+from experiments import registry
+from jaxlab import data as data_lib
+from jaxlab import sharding as shd
+from jaxlab.models import transformer as tfm
+from jaxlab.train import loop as loop_lib
+from jaxlab.train import metrics as metrics_lib
+from jaxlab.train import schedules
+from jaxlab.train import state as state_lib
+from jaxlab.train import step as step_lib
+from jaxlab.train.checkpoint import Checkpointer
+
+
+def _byte_model(d: int, layers: int, heads: int, ff: int, maxlen: int) -> tfm.Config:
+  return tfm.Config(vocab_size=264, d_model=d, n_layers=layers, n_heads=heads, d_ff=ff,
+                    max_position_embeddings=maxlen, bos_token_id=256, eos_token_id=257, pad_token_id=258)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """lm_pretrain settings. batch_size is global (split over processes); lr is the peak rate."""
+  model: tfm.Config = _byte_model(64, 2, 4, 176, 512)
+  steps: int = 30
+  batch_size: int = 8
+  seq_len: int = 64
+  microbatches: int = 1
+  optimizer: str = "adamw"
+  lr: float = 3e-3
+  schedule: str = "cosine"
+  warmup_steps: int = 3
+  lr_floor: float = 0.1
+  weight_decay: float = 0.0
+  b1: float = 0.9
+  b2: float = 0.95
+  grad_clip: float = 1.0
+  corpus: str = "stdlib"
+  tokenizer: str = "byte"
+  max_docs: int | None = None
+  val_fraction: float = 0.05
+  eval_every: int = 0
+  eval_batches: int = 4
+  ckpt_every: int = 0
+  keep_ckpts: int = 2
+  log_every: int = 10
+  mesh: str | None = None
+  strategy: str = "dp"
+  seed: int = 0
+
+  def __post_init__(self):
+    for name in ("steps", "batch_size", "seq_len", "microbatches", "eval_batches", "keep_ckpts", "log_every"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"{name} must be >= 1, found {getattr(self, name)}")
+    if self.batch_size % self.microbatches:
+      raise ValueError(f"batch_size ({self.batch_size}) must be divisible by microbatches ({self.microbatches})")
+    if self.seq_len > self.model.max_position_embeddings:
+      raise ValueError(f"seq_len ({self.seq_len}) exceeds model.max_position_embeddings "
+                       f"({self.model.max_position_embeddings})")
+    if self.strategy not in shd.RULES:
+      raise ValueError(f"strategy must be one of {sorted(shd.RULES)}, found {self.strategy!r}")
+    if self.schedule not in schedules.SCHEDULES:
+      raise ValueError(f"schedule must be one of {sorted(schedules.SCHEDULES)}, found {self.schedule!r}")
+    if not self.corpus:
+      raise ValueError("corpus must be 'stdlib' or a path (text/JSONL/parquet file, directory or glob)")
+
+
+PRESETS = {
+    "smoke": Config(max_docs=300, eval_batches=2),
+    "cpu": Config(model=_byte_model(256, 4, 4, 688, 512), steps=300, batch_size=16, seq_len=128, lr=2e-3,
+                  warmup_steps=30, eval_every=100, eval_batches=8, ckpt_every=100, log_every=10),
+    "full": Config(model=dataclasses.replace(tfm.PRESETS["llama-60m"], dtype="bfloat16"), steps=10_000,
+                   batch_size=512, seq_len=256, lr=1e-3, warmup_steps=1000, b2=0.999, weight_decay=0.0,
+                   corpus="REQUIRED: --set corpus=PATH", tokenizer="byte", eval_every=1000, eval_batches=20,
+                   ckpt_every=1000, log_every=50, mesh="fsdp:-1", strategy="fsdp"),
+}
+
+
+def load_corpus(spec: str, max_docs: int | None = None) -> data_lib.Corpus:
+  """"stdlib", "hf:NAME_OR_DIR", or a path: *.jsonl / *.parquet files, else plain text files."""
+  if spec == "stdlib":
+    return data_lib.stdlib_corpus(max_docs)
+  if spec.startswith("REQUIRED"):
+    raise ValueError(f"this preset needs a corpus path: {spec}")
+  if spec.startswith("hf:"):
+    docs = data_lib.hf_corpus(spec[3:])
+  elif ".jsonl" in spec or (os.path.isdir(spec) and any(f.endswith(".jsonl") for f in os.listdir(spec))):
+    docs = data_lib.jsonl_corpus(spec)
+  elif ".parquet" in spec or (os.path.isdir(spec) and any(f.endswith(".parquet") for f in os.listdir(spec))):
+    docs = data_lib.parquet_corpus(spec)
+  else:
+    docs = data_lib.text_corpus(spec)
+  return docs if max_docs is None else docs.subset(range(min(max_docs, len(docs))))
+
+
+def make_optimizer(cfg: Config, schedule) -> optax.GradientTransformation:
+  hp = {"b1": cfg.b1, "b2": cfg.b2, "weight_decay": cfg.weight_decay} if cfg.optimizer == "adamw" else {}
+  try:
+    from jaxlab import optim
+    tx = optim.get(cfg.optimizer, schedule, **hp)
+  except ImportError:
+    tx = optax.adamw(schedule, **hp)
+  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx) if cfg.grad_clip > 0 else tx
+
+
+def _dedupe(records: list[dict]) -> list[dict]:
+  """Last record per step (a resumed run re-logs the steps after its checkpoint), in step order."""
+  by_step: dict = {}
+  for r in records:
+    if "step" in r and "event" not in r:
+      by_step.setdefault(r["step"], {}).update(r)
+  return [by_step[s] for s in sorted(by_step)]
+
+
+def _median(xs) -> float:
+  xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
+  return float(np.median(xs)) if xs else float("nan")
+
+
+def run(cfg: Config, out_dir: str, resume: bool) -> dict:
+  tok = data_lib.load_tokenizer(cfg.tokenizer)
+  if cfg.model.vocab_size < tok.vocab_size:
+    raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's "
+                     f"({tok.vocab_size})")
+  nproc = jax.process_count()
+  if cfg.batch_size % nproc:
+    raise ValueError(f"batch_size ({cfg.batch_size}) must be divisible by the process count ({nproc})")
+  mesh = shd.make_mesh(cfg.mesh)
+  docs = load_corpus(cfg.corpus, cfg.max_docs)
+  local_b = cfg.batch_size // nproc
+  train_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, seed=cfg.seed, split="train",
+                                 val_fraction=cfg.val_fraction)
+  val_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, split="val", val_fraction=cfg.val_fraction,
+                               num_epochs=None)  # repeats: every process evaluates eval_batches batches
+  val_start = val_it.get_state()
+
+  schedule = schedules.get(cfg.schedule, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
+  tx = make_optimizer(cfg, schedule)
+  init_params = functools.partial(tfm.init, cfg.model)
+  ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=cfg.keep_ckpts)
+  state = None
+  if resume:
+    restored = ckpt.restore_latest(target=state_lib.abstract_state(init_params, tx, mesh, cfg.strategy))
+    if restored is not None:
+      state = state_lib.as_train_state(restored.state)
+      if restored.data_state is not None:
+        train_it.set_state(loop_lib.local_data_state(restored.data_state))
+      print(f"resumed from step {restored.step} in {ckpt.directory}", flush=True)
+  if state is None:
+    state = state_lib.init_state(init_params, tx, cfg.seed, mesh, cfg.strategy)
+
+  loss_fn = step_lib.lm_loss_fn(cfg.model)
+  compute = cfg.model.dtype if cfg.model.dtype != cfg.model.param_dtype else None
+  step_fn = step_lib.make_train_step(loss_fn, tx, microbatches=cfg.microbatches, compute_dtype=compute,
+                                     schedule=schedule, mesh=mesh)
+  train_step = step_lib.jit_train_step(step_fn, state, mesh, cfg.strategy)
+  eval_step = step_lib.make_eval_step(loss_fn, compute)
+  shard = functools.partial(shd.shard_batch, mesh=mesh)
+
+  def eval_fn(params):
+    val_it.set_state(val_start)
+    return {"val_loss": loop_lib.evaluate(eval_step, params, val_it, shard, cfg.eval_batches)}
+
+  metrics_path = os.path.join(out_dir, "metrics.jsonl")
+  fpt = tfm.flops_per_token(cfg.model, cfg.seq_len)
+  result = loop_lib.train_loop(state, train_step, train_it, cfg.steps, shard_fn=shard, checkpointer=ckpt,
+                               ckpt_every=cfg.ckpt_every, eval_fn=eval_fn, eval_every=cfg.eval_every,
+                               metrics_path=metrics_path, log_every=cfg.log_every, flops_per_token=fpt,
+                               metadata={"experiment": "lm_pretrain"}, desc="lm_pretrain")
+  ckpt.close()
+
+  records = _dedupe(metrics_lib.read_jsonl(metrics_path))
+  train = [r for r in records if "loss" in r]
+  val = [r for r in records if "val_loss" in r]
+  this_run = result.history
+  tps = _median(r.get("tokens_per_s") for r in this_run)
+  if jax.process_index() == 0:
+    registry.plot_curves(os.path.join(out_dir, "loss.png"),
+                         {"train": ([r["step"] for r in train], [r["loss"] for r in train]),
+                          "val": ([r["step"] for r in val], [r["val_loss"] for r in val])},
+                         title=f"lm_pretrain: {tfm.num_params(result.state.params) / 1e6:.2f}M params")
+  return {
+      "initial_train_loss": train[0]["loss"] if train else float("nan"),
+      "final_train_loss": train[-1]["loss"] if train else float("nan"),
+      "final_val_loss": result.last_eval.get("val_loss", float("nan")),
+      "tokens_per_s": tps,
+      "mfu": metrics_lib.mfu(fpt, tps) if math.isfinite(tps) else float("nan"),
+      "steps": cfg.steps,
+      "params": tfm.num_params(result.state.params),
+      "flops_per_token": fpt,
+      "peak_flops": metrics_lib.peak_flops(),
+      "devices": jax.device_count(),
+      "processes": nproc,
+      "mesh": ",".join(f"{k}:{v}" for k, v in mesh.shape.items()),
+  }
+
+
+registry.register(registry.Experiment(
+    name="lm_pretrain", config_cls=Config, presets=PRESETS, run=run,
+    description="pretrain a LLaMA-style decoder LM on the stdlib corpus (byte tokens)",
+    resume_may_change=("mesh", "strategy", "log_every")))

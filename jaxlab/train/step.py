@@ -1,0 +1,169 @@
+"""The jitted train step: masked next-token loss, gradient accumulation, mixed precision, non-finite guard.
+
+Mixed precision follows Micikevicius et al. (arXiv 1710.03740): fp32 master params are cast to the compute
+dtype inside the loss, so gradients flow back to fp32 through the cast; the log-softmax runs in fp32. With
+`microbatches > 1` the batch is split row-wise and gradients of the summed loss are accumulated under
+`jax.lax.scan`, then divided by the total token count, so the update equals the full-batch one. A step whose
+loss or gradient is not finite leaves the state untouched and reports which gradient leaves were non-finite.
+
+A loss function has the signature `loss_fn(params, batch, rng) -> (loss_sum, weight)`: the summed loss over
+the batch and the number of items (tokens) it sums over.
+
+Axes: B batch, T positions, V vocab, M microbatches.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxlab import sharding as shd
+from jaxlab.models import transformer as tfm
+from jaxlab.nn import axes as axes_lib
+from jaxlab.train.state import TrainState, state_shardings
+
+LossFn = Callable[[Any, dict, jax.Array], tuple[jax.Array, jax.Array]]
+
+
+def next_token_nll(logits_BTV, targets_BT, mask_BT=None):
+  """(sum of masked token NLLs, number of masked-in tokens), with the log-softmax in fp32."""
+  logits = logits_BTV.astype(jnp.float32)
+  lse = jax.nn.logsumexp(logits, axis=-1)
+  picked = jnp.take_along_axis(logits, targets_BT[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  nll = lse - picked
+  mask = jnp.ones_like(nll) if mask_BT is None else mask_BT.astype(jnp.float32)
+  return jnp.sum(nll * mask), jnp.sum(mask)
+
+
+def lm_loss_fn(cfg: tfm.Config, document_mask: bool = True) -> LossFn:
+  """Next-token loss of `tfm.forward` on packed batches (keys inputs, targets, loss_mask[, segment_ids, positions]).
+
+  Args:
+    cfg: the model config (its `dtype` is the compute dtype).
+    document_mask: with `segment_ids` in the batch, tokens attend only within their own document piece
+      (and `positions` restart per piece) instead of across the packed row.
+  """
+  def loss_fn(params, batch, rng):
+    del rng
+    kw = {}
+    if document_mask and "segment_ids" in batch:
+      seg = batch["segment_ids"]
+      kw["attn_mask_BTS"] = seg[:, :, None] == seg[:, None, :]
+      if "positions" in batch:
+        kw["positions_BT"] = batch["positions"]
+    logits = tfm.forward(params, batch["inputs"], cfg, **kw).logits
+    return next_token_nll(logits, batch["targets"], batch.get("loss_mask"))
+  return loss_fn
+
+
+def cast_floats(tree, dtype):
+  """Floating leaves cast to `dtype` (no-op when None or already that dtype)."""
+  if dtype is None:
+    return tree
+  dt = jnp.dtype(dtype)
+  return jax.tree.map(lambda x: x.astype(dt) if jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dt else x,
+                      tree)
+
+
+def leaf_paths(tree) -> list[str]:
+  """'/'-joined key paths of the leaves of `tree`, in `jax.tree.leaves` order."""
+  return [axes_lib.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _split_microbatches(batch, m: int, mesh):
+  def split(x):
+    if x.shape[0] % m:
+      raise ValueError(f"batch size {x.shape[0]} is not divisible by microbatches={m}")
+    # Microbatch j takes rows j, j + m, ...: each device keeps its own rows (no resharding).
+    y = jnp.swapaxes(x.reshape(x.shape[0] // m, m, *x.shape[1:]), 0, 1)
+    if mesh is not None:
+      y = jax.lax.with_sharding_constraint(y, NamedSharding(mesh, P(None, shd.BATCH_AXES)))
+    return y
+  return jax.tree.map(split, batch)
+
+
+def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *, microbatches: int = 1,
+                    compute_dtype=None, schedule: Callable | None = None, mesh=None):
+  """The (unjitted) train step `step(state, batch) -> (state, metrics)`.
+
+  Args:
+    loss_fn: `(params, batch, rng) -> (loss_sum, weight)`.
+    tx: the optimizer.
+    microbatches: M; the batch's leading dim is split into M parts whose gradients are accumulated.
+    compute_dtype: params are cast to this dtype inside the loss (None: use them as stored).
+    schedule: step -> learning rate, only reported in the metrics.
+    mesh: when given, microbatches are constrained to the batch sharding of this mesh.
+
+  Returns:
+    A function; metrics hold loss (weighted mean), grad_norm, weight (tokens), lr, finite (bool) and
+    finite_leaves (bool per gradient leaf, in `leaf_paths(params)` order).
+  """
+  if microbatches < 1:
+    raise ValueError(f"microbatches must be >= 1, found {microbatches}")
+
+  def grads_of(params, batch, rng):
+    def f(p):
+      return loss_fn(cast_floats(p, compute_dtype), batch, rng)
+    (loss_sum, weight), grads = jax.value_and_grad(f, has_aux=True)(params)
+    return loss_sum, weight.astype(jnp.float32), grads
+
+  def step(state: TrainState, batch):
+    rng, step_rng = jax.random.split(state.rng)
+    params = state.params
+    if microbatches == 1:
+      loss_sum, weight, grads = grads_of(params, batch, step_rng)
+    else:
+      mbs = _split_microbatches(batch, microbatches, mesh)
+
+      def body(carry, xs):
+        mb, i = xs
+        s, w, g = grads_of(params, mb, jax.random.fold_in(step_rng, i))
+        acc_s, acc_w, acc_g = carry
+        return (acc_s + s, acc_w + w, jax.tree.map(jnp.add, acc_g, g)), None
+      zeros = jax.tree.map(jnp.zeros_like, params)
+      init = (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros)
+      (loss_sum, weight, grads), _ = jax.lax.scan(body, init, (mbs, jnp.arange(microbatches)))
+    denom = jnp.where(weight > 0, weight, 1.0)
+    loss = loss_sum / denom
+    grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
+    finite_leaves = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
+    finite = jnp.isfinite(loss) & jnp.all(finite_leaves)
+    updates, opt_state = tx.update(grads, state.opt_state, params)
+    new = TrainState(optax.apply_updates(params, updates), opt_state, state.step + 1, rng)
+    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), "weight": weight, "finite": finite,
+               "finite_leaves": finite_leaves}
+    if schedule is not None:
+      metrics["lr"] = jnp.asarray(schedule(state.step), jnp.float32)
+    return new, metrics
+  return step
+
+
+def jit_train_step(step_fn, state=None, mesh=None, rules="dp"):
+  """`step_fn` jitted with the state donated; with `mesh`, in/out shardings of the state and batch are fixed.
+
+  Args:
+    step_fn: from `make_train_step`.
+    state: a TrainState (arrays or ShapeDtypeStructs) giving the tree structure; needed with `mesh`.
+    mesh: device mesh; None jits without sharding annotations.
+    rules: sharding strategy for the state.
+  """
+  if mesh is None:
+    return jax.jit(step_fn, donate_argnums=0)
+  if state is None:
+    raise ValueError("jit_train_step with a mesh needs the state (or its abstract shapes)")
+  sh = state_shardings(state, mesh, rules)
+  rep = NamedSharding(mesh, P())
+  return jax.jit(step_fn, in_shardings=(sh, shd.batch_sharding(mesh)), out_shardings=(sh, rep),
+                 donate_argnums=0)
+
+
+def make_eval_step(loss_fn: LossFn, compute_dtype=None):
+  """Jitted `eval_step(params, batch) -> (loss_sum, weight)` (placement follows the inputs' shardings)."""
+  def eval_step(params, batch):
+    s, w = loss_fn(cast_floats(params, compute_dtype), batch, jax.random.PRNGKey(0))
+    return s, w.astype(jnp.float32)
+  return jax.jit(eval_step)
