@@ -24,7 +24,9 @@ def linear_init(key, d_in: int, d_out: int, *, bias: bool = False, std: float = 
 def linear(p, x, dtype=None):
   """x[..., in] @ kernel[in, out] (+ bias), computed in `dtype` (default: x's dtype)."""
   dtype = dtype or x.dtype
-  y = jnp.einsum("...i,io->...o", x.astype(dtype), p["kernel"].astype(dtype))
+  k = p["kernel"].astype(dtype)
+  # A 2-D dot: XLA:CPU emits transposing copies in the backward of the batched einsum form.
+  y = (x.astype(dtype).reshape(-1, x.shape[-1]) @ k).reshape(*x.shape[:-1], k.shape[-1])
   if "bias" in p:
     y = y + p["bias"].astype(dtype)
   return y
