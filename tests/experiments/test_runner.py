@@ -183,15 +183,13 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
   import jax
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # bitwise
-  # Another mesh reduces in another order; ~100 Adam steps later the params agree to rounding drift only.
+  # Another mesh reduces in another order; ~60 Adam steps later the params agree to rounding drift only.
   moved_params = _final_state(other_mesh)["params"]
   for a, b in zip(jax.tree.leaves(moved_params), jax.tree.leaves(want["params"])):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=2e-4)
   res_moved = json.load(open(other_mesh / "results.json"))
   res_full = json.load(open(full / "results.json"))
   assert res_moved["mesh"] == "data:1,fsdp:1,tensor:2" and res_full["mesh"] == "data:2,fsdp:1,tensor:1"
-
-  res_full = json.load(open(full / "results.json"))
   res_resumed = json.load(open(killed / "results.json"))
   assert res_resumed["initial_train_loss"] == res_full["initial_train_loss"]  # from the first run's log
   assert res_resumed["final_val_loss"] == res_full["final_val_loss"]
