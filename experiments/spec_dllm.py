@@ -68,6 +68,7 @@ class Config:
   strata: tuple[float, ...] = (0.5, 0.0)
   lookahead: int = 2  # inter-block speculation: blocks drafted beyond the current one
   accept_threshold: float | None = None  # "confident" acceptance level; None = threshold
+  verify_attention: str = "auto"  # kernel (Pallas) | dense | auto (kernel on GPU/TPU, dense on CPU)
   sweep: tuple[float, ...] = ()  # extra thresholds for the accuracy-vs-NFE curves
   methods: tuple[str, ...] = METHODS
   model_path: str | None = None
@@ -79,6 +80,8 @@ class Config:
   seed: int = 0
 
   def __post_init__(self):
+    if self.verify_attention not in ("auto", "kernel", "dense"):
+      raise ValueError(f"verify_attention must be auto, kernel or dense, found {self.verify_attention!r}")
     if self.gen_length % self.block_length:
       raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})")
     bad = [m for m in self.methods if m not in METHODS]
@@ -204,7 +207,8 @@ def decode(method: str, params, mc: mdm.Config, prompts, cfg: Config, threshold:
                               cache="dual" if method == "fast_dllm_dual_cache" else None, **kw)
   acceptance = "exact" if method == "speculative_exact" else "confident"
   return speculative.generate(params, mc, prompts, threshold=threshold, strata=cfg.strata, acceptance=acceptance,
-                              accept_threshold=cfg.accept_threshold, lookahead=cfg.lookahead, **kw)
+                              accept_threshold=cfg.accept_threshold, lookahead=cfg.lookahead,
+                              attention=cfg.verify_attention, **kw)
 
 
 def evaluate(method, params, mc, batches, cfg: Config, threshold: float, score):

@@ -8,9 +8,11 @@ cached prefix as in Fast-dLLM (arXiv 2505.22618). This module computes that forw
 
 where the keys are the S cached prefix entries followed by the T draft tokens of the row, and attention is
 bidirectional with the mask
-  (a) prefix key s is visible iff s < prefix_len[b] (entries past it are stale or empty cache slots);
-  (b) block key u is visible iff branch_ids[b, t] == branch_ids[b, u] (each branch is one full copy of the
-      block, one candidate trajectory; branches never see each other).
+  (a) prefix key s is visible iff s < prefix_len[b] (entries past it are stale or empty cache slots) and
+      prefix_valid[b, s] (optional: padding, or a dual cache whose excluded block sits inside the context);
+  (b) block key u is visible iff branch_ids[b, t] == key_branch_ids[b, u] (each branch is one full copy of
+      the block, one candidate trajectory; branches never see each other). key_branch_ids defaults to
+      branch_ids; an id no query carries (e.g. -1) hides a key (padding, query-only tokens).
 A row with no visible key gives zeros.
 
 Layout: q [B, T, H, K], prefix k/v [B, S, G, K], block k/v [B, T, G, K], prefix_len [B], branch_ids [B, T];
@@ -77,7 +79,7 @@ def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
 
-def _validate(q, kp, vp, kb, vb, prefix_len, branch_ids):
+def _validate(q, kp, vp, kb, vb, prefix_len, branch_ids, prefix_valid=None, key_ids=None):
   named = {"q_BTHK": q, "k_prefix_BSGK": kp, "v_prefix_BSGK": vp, "k_block_BTGK": kb, "v_block_BTGK": vb}
   for name, x in named.items():
     if x.ndim != 4:
@@ -100,33 +102,45 @@ def _validate(q, kp, vp, kb, vb, prefix_len, branch_ids):
     raise ValueError(f"prefix_len_B must have shape ({b},), found {prefix_len.shape}")
   if tuple(branch_ids.shape) != (b, t):
     raise ValueError(f"branch_ids_BT must have shape ({b}, {t}), found {branch_ids.shape}")
-  for name, x in (("prefix_len_B", prefix_len), ("branch_ids_BT", branch_ids)):
-    if not jnp.issubdtype(x.dtype, jnp.integer):
+  if prefix_valid is not None and tuple(prefix_valid.shape) != (b, s):
+    raise ValueError(f"prefix_valid_BS must have shape ({b}, {s}), found {prefix_valid.shape}")
+  if key_ids is not None and tuple(key_ids.shape) != (b, t):
+    raise ValueError(f"key_branch_ids_BT must have shape ({b}, {t}), found {key_ids.shape}")
+  for name, x in (("prefix_len_B", prefix_len), ("branch_ids_BT", branch_ids), ("key_branch_ids_BT", key_ids)):
+    if x is not None and not jnp.issubdtype(x.dtype, jnp.integer):
       raise ValueError(f"{name} must have an integer dtype, found {x.dtype}")
 
 
-def make_mask(prefix_len_B, branch_ids_BT, S: int):
+def make_mask(prefix_len_B, branch_ids_BT, S: int, prefix_valid_BS=None, key_branch_ids_BT=None):
   """Boolean [B, T, S + T] verification mask, True = may attend; keys are the S prefix entries then the block.
 
   Args:
     prefix_len_B: int [B], number of valid prefix entries per row (clipped to [0, S]).
-    branch_ids_BT: int [B, T], branch of each draft token; equal ids see each other.
+    branch_ids_BT: int [B, T], branch of each draft token (as a query).
     S: prefix (cache) length.
+    prefix_valid_BS: optional bool [B, S]; False hides a prefix entry.
+    key_branch_ids_BT: optional int [B, T], branch of each draft token as a key (default `branch_ids_BT`);
+      query t sees block key u iff their ids are equal.
   """
   b, t = branch_ids_BT.shape
+  key_ids = branch_ids_BT if key_branch_ids_BT is None else key_branch_ids_BT
   prefix_ok = jnp.arange(S)[None, None, :] < jnp.asarray(prefix_len_B)[:, None, None]
+  if prefix_valid_BS is not None:
+    prefix_ok &= jnp.asarray(prefix_valid_BS, bool)[:, None, :]
   prefix_ok = jnp.broadcast_to(prefix_ok, (b, t, S))
-  block_ok = branch_ids_BT[:, :, None] == branch_ids_BT[:, None, :]
+  block_ok = branch_ids_BT[:, :, None] == key_ids[:, None, :]
   return jnp.concatenate([prefix_ok, block_ok], axis=-1)
 
 
 def spec_verify_reference(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_block_BTGK, prefix_len_B,
-                          branch_ids_BT, *, scale: float | None = None):
+                          branch_ids_BT, *, scale: float | None = None, prefix_valid_BS=None,
+                          key_branch_ids_BT=None):
   """Pure-jnp oracle of `spec_verify_attention`: explicit mask, fp32 softmax, zeros for rows with no key.
 
   Args: as `spec_verify_attention`, without tiling options.
   """
-  _validate(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_block_BTGK, prefix_len_B, branch_ids_BT)
+  _validate(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_block_BTGK, prefix_len_B, branch_ids_BT,
+            prefix_valid_BS, key_branch_ids_BT)
   b, t, h, kd = q_BTHK.shape
   s, g = k_prefix_BSGK.shape[1:3]
   scale = kd ** -0.5 if scale is None else scale
@@ -135,15 +149,15 @@ def spec_verify_reference(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_
   v = jnp.concatenate([f32(v_prefix_BSGK), f32(v_block_BTGK)], axis=1)
   q = f32(q_BTHK).reshape(b, t, g, h // g, kd)
   logits = jnp.einsum("btgrk,bsgk->bgrts", q, k, precision=lax.Precision.HIGHEST) * scale
-  mask = make_mask(prefix_len_B, branch_ids_BT, s)[:, None, None]
+  mask = make_mask(prefix_len_B, branch_ids_BT, s, prefix_valid_BS, key_branch_ids_BT)[:, None, None]
   w = jax.nn.softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
   w = jnp.where(mask, w, 0.0)  # fully masked rows: softmax of all -inf is NaN; these become zeros
   out = jnp.einsum("bgrts,bsgk->btgrk", w, v, precision=lax.Precision.HIGHEST)
   return out.reshape(b, t, h, kd).astype(q_BTHK.dtype)
 
 
-def _kernel(plen_ref, qid_ref, kid_ref, q_ref, kp_ref, vp_ref, kb_ref, vb_ref, o_ref, *, scale, block_kp,
-            block_kb, n_prefix_blocks, n_block_blocks, t_real):
+def _kernel(plen_ref, pvalid_ref, qid_ref, kid_ref, q_ref, kp_ref, vp_ref, kb_ref, vb_ref, o_ref, *, scale,
+            block_kp, block_kb, n_prefix_blocks, n_block_blocks, t_real):
   q = q_ref[...]
   bq = q.shape[0]
   q_ids = qid_ref[...]  # [bq, 1]
@@ -163,7 +177,7 @@ def _kernel(plen_ref, qid_ref, kid_ref, q_ref, kp_ref, vp_ref, kb_ref, vb_ref, o
   def prefix_body(j, carry):
     sl = pl.ds(pl.multiple_of(j * block_kp, block_kp), block_kp)
     pos = j * block_kp + lax.broadcasted_iota(jnp.int32, (1, block_kp), 1)
-    mask = jnp.broadcast_to(pos < plen, (bq, block_kp))
+    mask = jnp.broadcast_to(jnp.logical_and(pos < plen, pvalid_ref[:, sl] != 0), (bq, block_kp))
     return step(carry, kp_ref[sl, :], vp_ref[sl, :], mask)
 
   def block_body(j, carry):
@@ -184,7 +198,8 @@ def _kernel(plen_ref, qid_ref, kid_ref, q_ref, kp_ref, vp_ref, kb_ref, vb_ref, o
 
 @functools.partial(jax.jit, static_argnames=("scale", "block_sizes", "interpret"))
 def spec_verify_attention(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_block_BTGK, prefix_len_B,
-                          branch_ids_BT, *, scale: float | None = None, block_sizes: BlockSizes | None = None,
+                          branch_ids_BT, *, scale: float | None = None, prefix_valid_BS=None,
+                          key_branch_ids_BT=None, block_sizes: BlockSizes | None = None,
                           interpret: bool | None = None):
   """Verification attention over a cached prefix plus branch-isolated draft tokens (Pallas, flash-style).
 
@@ -194,6 +209,9 @@ def spec_verify_attention(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_
     k_block_BTGK, v_block_BTGK: keys/values of the draft tokens, [B, T, G, K] (same dtype as q).
     prefix_len_B: int [B], valid prefix entries per row (values outside [0, S] are clipped).
     branch_ids_BT: int [B, T], branch of each draft token; tokens see only block keys of their own branch.
+    prefix_valid_BS: optional bool/int [B, S]; a zero hides that prefix entry (padding, excluded cache slots).
+    key_branch_ids_BT: optional int [B, T], the draft tokens' branch ids as keys (default `branch_ids_BT`);
+      an id no query has (-1) hides the key.
     scale: logit scale; default K ** -0.5.
     block_sizes: `BlockSizes` tiling; default `BlockSizes()`.
     interpret: run the kernel in Pallas interpret mode; None = interpret on CPU, compiled on GPU/TPU.
@@ -201,7 +219,8 @@ def spec_verify_attention(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_
   Returns:
     [B, T, H, K] in the dtype of q_BTHK.
   """
-  _validate(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_block_BTGK, prefix_len_B, branch_ids_BT)
+  _validate(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_block_BTGK, prefix_len_B, branch_ids_BT,
+            prefix_valid_BS, key_branch_ids_BT)
   block_sizes = BlockSizes() if block_sizes is None else block_sizes
   if not isinstance(block_sizes, BlockSizes):
     raise ValueError(f"block_sizes must be a BlockSizes, found {type(block_sizes).__name__}")
@@ -222,6 +241,9 @@ def spec_verify_attention(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_
   k_pre, v_pre = head_major(k_prefix_BSGK, sp), head_major(v_prefix_BSGK, sp)
   k_blk, v_blk = head_major(k_block_BTGK, tp), head_major(v_block_BTGK, tp)
   ids = jnp.pad(branch_ids_BT.astype(jnp.int32), ((0, 0), (0, tp - t)))
+  kids = ids if key_branch_ids_BT is None else jnp.pad(key_branch_ids_BT.astype(jnp.int32), ((0, 0), (0, tp - t)))
+  pvalid = jnp.ones((b, s), jnp.int32) if prefix_valid_BS is None else prefix_valid_BS.astype(jnp.int32)
+  pvalid = jnp.pad(pvalid, ((0, 0), (0, sp - s)))[:, None, :]
   plen = jnp.clip(prefix_len_B.astype(jnp.int32), 0, s).reshape(b, 1, 1)
   rep = h // g
 
@@ -232,6 +254,7 @@ def spec_verify_attention(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_
       grid=(b, h, tp // bq),
       in_specs=[
           pl.BlockSpec((None, 1, 1), lambda i, j, n: (i, 0, 0)),
+          pl.BlockSpec((None, 1, sp), lambda i, j, n: (i, 0, 0)),
           pl.BlockSpec((None, bq, 1), lambda i, j, n: (i, n, 0)),
           pl.BlockSpec((None, 1, tp), lambda i, j, n: (i, 0, 0)),
           pl.BlockSpec((None, None, bq, kp), lambda i, j, n: (i, j, n, 0)),
@@ -244,5 +267,5 @@ def spec_verify_attention(q_BTHK, k_prefix_BSGK, v_prefix_BSGK, k_block_BTGK, v_
       out_shape=jax.ShapeDtypeStruct((b, h, tp, kp), q_BTHK.dtype),
       interpret=interpret,
       name="spec_verify_attention",
-  )(plen, ids[:, :, None], ids[:, None, :], q, k_pre, v_pre, k_blk, v_blk)
+  )(plen, pvalid, ids[:, :, None], kids[:, None, :], q, k_pre, v_pre, k_blk, v_blk)
   return jnp.swapaxes(out[:, :, :t, :kd], 1, 2)

@@ -48,7 +48,7 @@ from jax import lax
 
 from jaxlab.models import mdm
 from jaxlab.models import transformer as tfm
-from kernels.spec_verify import make_mask
+from kernels.spec_verify import make_mask, spec_verify_attention
 
 CACHES = (None, "prefix", "dual")
 REMASKING = ("low_confidence", "random")
@@ -97,7 +97,8 @@ def exclude(cache, start, length: int):
   return {**cache, "pos": pos}
 
 
-def region_logits(params, cfg: mdm.Config, ctx, tokens_BNT, pos_BT, valid_BT, lead: int = 0):
+def region_logits(params, cfg: mdm.Config, ctx, tokens_BNT, pos_BT, valid_BT, lead: int = 0, *,
+                  kernel: bool = False):
   """Logits of N copies (branches) of a region; each copy sees the context cache and only its own tokens.
 
   Args:
@@ -105,6 +106,8 @@ def region_logits(params, cfg: mdm.Config, ctx, tokens_BNT, pos_BT, valid_BT, le
     tokens_BNT: int [B, N, T]: per branch, `lead` query-only tokens (keys hidden) then the region.
     pos_BT, valid_BT: rotary positions and validity of the T tokens (shared by the branches).
     lead: 1 for a shift_logits model whose region starts after position 0 (see module docstring), else 0.
+    kernel: attention through the Pallas kernel `kernels.spec_verify` (context as its prefix, branch ids as
+      its block mask) instead of a dense [N*T, S + N*T] mask; the same numbers up to summation order.
 
   Returns:
     [B, N, T - lead, V]: index r predicts region token r.
@@ -112,14 +115,26 @@ def region_logits(params, cfg: mdm.Config, ctx, tokens_BNT, pos_BT, valid_BT, le
   b, n, t = tokens_BNT.shape
   branch = jnp.broadcast_to(jnp.repeat(jnp.arange(n, dtype=jnp.int32), t), (b, n * t))
   key_ok = jnp.tile(jnp.arange(t) >= lead, n)
-  kw = dict(positions_BT=jnp.tile(pos_BT, (1, n)), attention_mask_BT=jnp.tile(valid_BT, (1, n)))
+  valid = jnp.tile(valid_BT, (1, n))
+  kw = dict(positions_BT=jnp.tile(pos_BT, (1, n)), attention_mask_BT=valid)
+  s = 0 if ctx is None else ctx["pos"].shape[1] - n * t
+  if kernel:
+    if cfg.sliding_window is not None:
+      raise ValueError("kernel=True needs full attention; this config has a sliding window")
+    key_ids = jnp.where(key_ok & valid.astype(bool), branch, -1)
+    prefix_valid = None if ctx is None else ctx["pos"][:, :s] >= 0
+    prefix_len = jnp.full((b,), s, jnp.int32)
+
+    def attention_fn(q_BTHK, k_BSGK, v_BSGK, _):
+      return spec_verify_attention(q_BTHK, k_BSGK[:, :s], v_BSGK[:, :s], k_BSGK[:, s:], v_BSGK[:, s:], prefix_len,
+                                   branch, prefix_valid_BS=prefix_valid, key_branch_ids_BT=key_ids)
+    kw["attention_fn"] = attention_fn
   if ctx is None:
-    mask = None if n == 1 and lead == 0 else make_mask(jnp.zeros((b,), jnp.int32), branch, 0) & key_ok
+    mask = None if n == 1 and lead == 0 or kernel else make_mask(jnp.zeros((b,), jnp.int32), branch, 0) & key_ok
     out = tfm.forward(params, tokens_BNT.reshape(b, n * t), cfg, attn_mask_BTS=mask, **kw)
   else:
-    s = ctx["pos"].shape[1] - n * t
-    mask = make_mask(jnp.full((b,), s, jnp.int32), branch, s)
-    mask &= jnp.concatenate([jnp.ones((s,), bool), key_ok])
+    mask = None if kernel else (make_mask(jnp.full((b,), s, jnp.int32), branch, s)
+                                & jnp.concatenate([jnp.ones((s,), bool), key_ok]))
     out = tfm.forward(params, tokens_BNT.reshape(b, n * t), cfg, attn_mask_BTS=mask, cache=ctx, **kw)
   raw = out.logits.reshape(b, n, t, -1)
   if cfg.shift_logits:

@@ -15,8 +15,9 @@ the current block. One iteration here, from a state s whose logits are known:
      shares its states and N = 1 + (blocks in window) * len(strata) copies represent all of them;
   3. verification: one forward over the N copies of the region (no cache: the whole sequence; prefix: the
      block and everything after it; dual: the block), each attending to the shared cached context exactly
-     as the target's step does and to its own copy only (branch ids -> `kernels.spec_verify.make_mask` ->
-     the model's attn_mask_BTS);
+     as the target's step does and to its own copy only: branch ids drive the Pallas kernel
+     `kernels.spec_verify.spec_verify_attention` (the context cache as its prefix), or on CPU the same mask
+     made dense (`make_mask` -> the model's attn_mask_BTS);
   4. acceptance: edge a -> c is consistent when
        "exact":     the target's own step at node a (from its verified logits; in the block node a is
                     working on) commits exactly the ranks between n_a and n_c, with the drafted tokens;
@@ -74,6 +75,7 @@ class SpecPlan:
   window: int  # blocks in the draft window: this one and window - 1 after it (inter-block speculation)
   handover: bool  # no cache and a next block: its first predictions come from the last verification
   inter_block_gate: float
+  kernel: bool  # verification attention through kernels.spec_verify
 
 
 def _sched_at(sched, i, steps: int, lb: int):
@@ -176,7 +178,8 @@ def decode_block(params, x_BL, valid_BL, pos_BL, block_start, block_index, hand,
       x1 = lax.dynamic_update_slice_in_dim(x, x1w, block_start, axis=1)
       toks = jnp.broadcast_to(reg(x1)[:, None], (b, n, r + lead))
       toks = lax.dynamic_update_slice_in_dim(toks, nodes, block_start - rs + lead, axis=2)
-      return gen_preds(dif.region_logits(params, cfg, ctx, toks, reg(pos_BL), reg(valid_BL), lead), tok, conf)
+      logits = dif.region_logits(params, cfg, ctx, toks, reg(pos_BL), reg(valid_BL), lead, kernel=sp.kernel)
+      return gen_preds(logits, tok, conf)
 
     def skip(_):
       shape = (b, n) + tok.shape[1:]
@@ -240,7 +243,8 @@ def decode_block(params, x_BL, valid_BL, pos_BL, block_start, block_index, hand,
 def generate(params, cfg: mdm.Config, prompt, *, steps: int, gen_length: int, block_length: int,
              threshold: float | None = None, cache: str | None = None, strata=(0.8, 0.6, 0.4, 0.2),
              acceptance: str = "exact", accept_threshold: float | None = None, lookahead: int = 1,
-             inter_block_gate: float | None = None, prompt_mask=None) -> dif.DiffusionOutput:
+             inter_block_gate: float | None = None, prompt_mask=None,
+             attention: str = "auto") -> dif.DiffusionOutput:
   """Speculative decoding of the `diffusion.generate` sampler with the same settings (greedy only).
 
   Args:
@@ -253,6 +257,9 @@ def generate(params, cfg: mdm.Config, prompt, *, steps: int, gen_length: int, bl
     lookahead: inter-block speculation: the draft window also covers this many later blocks (0 = off; only
       where the region covers them: cache None or "prefix").
     inter_block_gate: first-position confidence needed for that (default: threshold or 0.9).
+    attention: verification attention: "kernel" (the Pallas kernel `kernels.spec_verify`), "dense" (a
+      dense branch mask through `tfm.forward`) or "auto" (kernel on GPU/TPU, dense on CPU, where Pallas
+      only interprets).
 
   Returns:
     DiffusionOutput; nfe counts the block-start forwards plus the verification forwards.
@@ -264,6 +271,9 @@ def generate(params, cfg: mdm.Config, prompt, *, steps: int, gen_length: int, bl
     raise ValueError(f"lookahead must be >= 0, found {lookahead}")
   if acceptance not in ACCEPTANCE:
     raise ValueError(f"acceptance must be one of {ACCEPTANCE}, found {acceptance!r}")
+  if attention not in ("auto", "kernel", "dense"):
+    raise ValueError(f"attention must be 'auto', 'kernel' or 'dense', found {attention!r}")
+  kernel = attention == "kernel" or (attention == "auto" and jax.default_backend() != "cpu")
   strata = tuple(float(s) for s in strata)
   if not strata or any(a < b for a, b in zip(strata, strata[1:])):
     raise ValueError(f"strata must be a non-empty non-increasing tuple, found {strata}")
@@ -283,7 +293,7 @@ def generate(params, cfg: mdm.Config, prompt, *, steps: int, gen_length: int, bl
     window = 1 if cache == "dual" else min(1 + lookahead, blocks - i)
     sp = SpecPlan(base, p, strata, acceptance, float(default if accept_threshold is None else accept_threshold),
                   window, cache is None and i < blocks - 1,
-                  float(default if inter_block_gate is None else inter_block_gate))
+                  float(default if inter_block_gate is None else inter_block_gate), kernel)
     x, n, f, c, hand = decode_block(params, x, valid, pos, jnp.int32(start), jnp.int32(i), hand, cfg=cfg,
                                     sp=sp)
     nfe += np.asarray(n)

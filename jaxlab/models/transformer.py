@@ -180,7 +180,7 @@ class Output(NamedTuple):
   attn_weights: Any = None  # [P, B, H, T, S]
 
 
-def _attention(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention):
+def _attention(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention, attention_fn):
   dt = jnp.dtype(cfg.dtype)
   b, t, _ = x_BTD.shape
   h, g, k = cfg.n_heads, cfg.kv_heads, cfg.kdim
@@ -198,14 +198,17 @@ def _attention(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, in
   hook = None
   if intervention is not None and intervention.attn_weights is not None:
     hook = lambda w: intervention.attn_weights(w, layer)
-  out, w = attn_lib.attention(q, kk.astype(dt), v.astype(dt), mask_BTS, weights_hook=hook)
+  if attention_fn is not None:
+    out, w = attention_fn(q, kk.astype(dt), v.astype(dt), mask_BTS), None
+  else:
+    out, w = attn_lib.attention(q, kk.astype(dt), v.astype(dt), mask_BTS, weights_hook=hook)
   return layers.linear(p["o"], out.reshape(b, t, h * k), dt), w, slot
 
 
-def _block(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention):
+def _block(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention, attention_fn=None):
   eps = cfg.norm_eps
   inp = x_BTD if cfg.post_norm else layers.rms_norm(p["attn_norm"], x_BTD, eps)
-  a, w, slot = _attention(p["attn"], inp, cos, sin, mask_BTS, cfg, slot, index, layer, intervention)
+  a, w, slot = _attention(p["attn"], inp, cos, sin, mask_BTS, cfg, slot, index, layer, intervention, attention_fn)
   if cfg.post_norm:
     a = layers.rms_norm(p["post_attn_norm"], a, eps)
   if intervention is not None and intervention.attn_update is not None:
@@ -233,7 +236,8 @@ def _check_program(program, cfg: Config):
 
 def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask_BT=None, attn_mask_BTS=None,
             cache=None, program: Sequence[int] | None = None, capture: Sequence[str] = (),
-            intervention: Intervention | None = None, inputs_embeds_BTD=None) -> Output:
+            intervention: Intervention | None = None, inputs_embeds_BTD=None,
+            attention_fn: Callable | None = None) -> Output:
   """Runs the LM.
 
   Args:
@@ -247,10 +251,16 @@ def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask
     capture: any of "hidden_states", "attn_updates", "mlp_updates", "attn_weights".
     intervention: hooks replacing attention weights or the attention update.
     inputs_embeds_BTD: embeddings to use instead of looking up `tokens_BT` (e.g. a VLM's spliced sequence).
+    attention_fn: fn(q_BTHK, k_BSGK, v_BSGK, mask_BTS) -> out_BTHK in place of the softmax attention, e.g. a
+      fused kernel that knows the mask's structure (`kernels.spec_verify`); k/v include the cache.
   """
   unknown = set(capture) - set(CAPTURES)
   if unknown:
     raise ValueError(f"unknown capture {sorted(unknown)}; expected a subset of {CAPTURES}")
+  if attention_fn is not None and ("attn_weights" in capture or
+                                   (intervention is not None and intervention.attn_weights is not None)):
+    raise ValueError("attention_fn does not expose attention weights: drop the 'attn_weights' capture and the "
+                     "attn_weights intervention")
   dt = jnp.dtype(cfg.dtype)
   x = layers.embed(params["embed"], tokens_BT, dt) if inputs_embeds_BTD is None else inputs_embeds_BTD.astype(dt)
   b, t = x.shape[:2]
@@ -289,7 +299,7 @@ def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask
 
   def body(x, xs):
     p, layer, slot = xs
-    x, a, m, w, slot = _block(p, x, cos, sin, mask, cfg, slot, index, layer, intervention)
+    x, a, m, w, slot = _block(p, x, cos, sin, mask, cfg, slot, index, layer, intervention, attention_fn)
     ys = {"hidden_states": x, "attn_updates": a, "mlp_updates": m, "attn_weights": w, "slot": slot}
     return x, {k: v for k, v in ys.items() if k in capture or k == "slot"}
 

@@ -254,6 +254,36 @@ def test_cached_region_with_fresh_cache_equals_full_forward(cache, shift):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shift", [False, True])
+@pytest.mark.parametrize("cache", [None, "prefix", "dual"])
+def test_branch_region_through_the_kernel_equals_the_dense_mask(cache, shift):
+  """N branch copies of a region: the Pallas verification kernel (prefix holes from padding and the dual
+  cache's excluded block, hidden lead keys) gives the dense-mask logits."""
+  cfg = mdm.Config.tiny(shift_logits=shift)
+  params = mdm.init(cfg, jax.random.key(5))
+  n, start = 3, 6
+  x = jax.random.randint(jax.random.key(6), (2, 12), 0, 64)
+  valid = jnp.ones((2, 12), bool).at[1, :2].set(False)
+  pos = diffusion.positions(valid)
+  length = 12 if cache is None else (12 - start if cache == "prefix" else 4)
+  lead = int(shift) if cache else 0
+  begin = 0 if cache is None else start - lead
+  sl = slice(begin, begin + length + lead)
+  toks = jnp.stack([x[:, sl]] + [jax.random.randint(jax.random.key(7 + i), x[:, sl].shape, 0, 64)
+                                 for i in range(n - 1)], axis=1)
+
+  def region(kernel):
+    ctx = None
+    if cache:
+      _, c = diffusion.refresh_cache(params, cfg, x, valid, pos, n * (length + lead))
+      ctx = diffusion.exclude(c, start, length)
+    return diffusion.region_logits(params, cfg, ctx, toks, pos[:, sl], valid[:, sl], lead, kernel=kernel)
+
+  dense, fused = jax.jit(lambda: region(False))(), jax.jit(lambda: region(True))()
+  assert fused.shape == (2, n, length, cfg.vocab_size)
+  np.testing.assert_allclose(np.asarray(fused), np.asarray(dense), atol=2e-5, rtol=1e-5)
+
+
 def test_left_padded_row_decodes_like_the_unpadded_prompt(model):
   _, cfg, params, prompts = model
   padded = np.concatenate([np.zeros((1, 2), np.int32), prompts[:1]], axis=1)

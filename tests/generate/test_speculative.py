@@ -43,6 +43,18 @@ def test_exact_mode_reproduces_the_sampler(model, steps, block, threshold, cache
   assert (got.step_commits.clip(0).sum(1) == GEN).all()
 
 
+@pytest.mark.parametrize("cache", [None, "dual"])
+def test_kernel_verification_reproduces_the_sampler(model, cache):
+  """Verification attention through the Pallas kernel (interpreted on CPU) decodes the same tokens."""
+  cfg, params, prompts = model
+  kw = dict(steps=GEN, gen_length=GEN, block_length=6, threshold=0.5, cache=cache)
+  ref = diffusion.generate(params, cfg, prompts, **kw)
+  dense = speculative.generate(params, cfg, prompts, attention="dense", **kw)
+  got = speculative.generate(params, cfg, prompts, attention="kernel", **kw)
+  np.testing.assert_array_equal(np.asarray(got.tokens), np.asarray(ref.tokens))
+  np.testing.assert_array_equal(got.nfe, dense.nfe)
+
+
 def test_exact_mode_saves_forwards(model):
   cfg, params, prompts = model
   kw = dict(steps=GEN, gen_length=GEN, block_length=6, threshold=0.5)
@@ -85,3 +97,5 @@ def test_validation(model):
     speculative.generate(params, cfg, prompts, strata=(0.2, 0.8), **kw)
   with pytest.raises(ValueError, match="lookahead"):
     speculative.generate(params, cfg, prompts, lookahead=-1, **kw)
+  with pytest.raises(ValueError, match="attention"):
+    speculative.generate(params, cfg, prompts, attention="flash", **kw)

@@ -38,6 +38,28 @@ def test_kernel_matches_reference(case, dtype):
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_kernel_with_prefix_holes_and_hidden_keys(dtype):
+  """A dual cache's excluded block inside the prefix, left padding, and query-only draft tokens (key id -1)."""
+  B, T, H, G, K, S = 2, 24, 4, 2, 16, 40
+  args = _inputs(B, T, H, G, K, S, 3, [40, 33], dtype, seed=2)
+  valid = np.ones((B, S), bool)
+  valid[0, 10:18] = False  # excluded block
+  valid[1, :5] = False  # left padding
+  key_ids = np.asarray(args[-1]).copy()
+  key_ids[:, ::8] = -1  # each branch copy's first token is a query only
+  kw = dict(prefix_valid_BS=jnp.asarray(valid), key_branch_ids_BT=jnp.asarray(key_ids))
+  out = spec_verify_attention(*args, block_sizes=BlockSizes.small(), **kw)
+  ref = spec_verify_reference(*args, **kw)
+  atol, rtol = TOL[dtype]
+  np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), atol=atol, rtol=rtol)
+  mask = np.asarray(make_mask(args[5], args[6], S, **kw))
+  for b, t in itertools.product(range(B), range(T)):
+    seen = [s for s in range(S) if s < [40, 33][b] and valid[b, s]]
+    seen += [S + u for u in range(T) if key_ids[b, u] == int(args[6][b, t])]
+    assert np.flatnonzero(mask[b, t]).tolist() == seen
+
+
 def test_reference_matches_per_row_softmax():
   """The oracle itself, against an independent NumPy loop over rows and heads."""
   args = _inputs(2, 6, 4, 2, 8, 5, 2, [5, 2], jnp.float32, seed=1)
