@@ -1,0 +1,232 @@
+"""experiments/latentlens.py, experiments/lost_in_attention.py and experiments/_vlm_pipeline.py: one shared smoke
+run of each (every results key, values in range, means equal to their parts), the judge and chance level
+against brute force, the full presets on the smoke run's own llava directory (stub judge; captions file) and
+their errors, and interventions restricted to no layer = the plain model."""
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from experiments import _vlm_pipeline as pipe
+from experiments import latentlens as ll
+from experiments import lost_in_attention as lia
+from experiments import registry
+from jaxlab.data import scenes as S
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOKE_LAYERS = pipe.TRAIN_PRESETS["smoke"].text.n_layers
+
+
+@pytest.fixture(scope="module")
+def ll_run(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("latentlens") / "run")
+  out, res = registry.run_experiment("latentlens", "smoke", out=out)
+  return out, res
+
+
+@pytest.fixture(scope="module")
+def lia_run(ll_run, tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("lia") / "run")
+  return registry.run_experiment("lost_in_attention", "smoke", [f"source={ll_run[0]}"], out=out)
+
+
+def test_cli_lists_the_experiments_and_the_search_bench():
+  proc = subprocess.run([sys.executable, "-m", "experiments", "list"], cwd=REPO, capture_output=True, text=True,
+                        env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"), timeout=120)
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  for name in ("latentlens", "lost_in_attention", "search"):
+    assert f"  {name} " in proc.stdout
+  failed = [line.split()[0] for line in proc.stdout.splitlines() if "FAILED TO IMPORT" in line]
+  assert not {"latentlens", "lost_in_attention", "bench_search"} & set(failed), proc.stdout
+
+
+def test_latentlens_smoke_keys_and_ranges(ll_run):
+  out, res = ll_run
+  n_layers = SMOKE_LAYERS + 1
+  for lens in ll.LENSES:
+    per_layer = [res[f"interpretable.{lens}.layer{l}"] for l in range(n_layers)]
+    assert all(0 <= v <= 1 for v in per_layer)
+    assert f"interpretable.{lens}.layer{n_layers}" not in res
+    np.testing.assert_allclose(res[f"interpretable.{lens}.mean"], np.mean(per_layer), rtol=1e-9)
+    share = res["object_patch_share"]  # the overall share mixes object and background patches
+    np.testing.assert_allclose(res[f"interpretable.{lens}.mean"], share * res[f"interpretable_object.{lens}.mean"]
+                               + (1 - share) * res[f"interpretable_background.{lens}.mean"], atol=1e-9)
+  assert 0 < res["interpretable.random.mean"] < 1
+  assert res["index_layers"] == ",".join(map(str, range(SMOKE_LAYERS + 1)))  # every hidden state
+  assert res["visual_tokens"] == ll.PRESETS["smoke"].n_eval_scenes * 16
+  assert res["index_rows"] > 0 and 0 <= res["caption_attribute_accuracy"] <= 1
+  with open(os.path.join(out, "interpretable.png"), "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    np.testing.assert_allclose(res[f"interpretable_object.{lens}.mean"],
+                               np.mean([res[f"interpretable_object.{lens}.layer{l}"] for l in range(n_layers)]))
+    assert res[f"interpretable_specific.{lens}.mean"] <= res[f"interpretable.{lens}.mean"] + 1e-12
+  table = open(os.path.join(out, "table.md")).read()
+  assert table.count("\n| ") == 3 * (n_layers + 1 + 1)  # 3 tables: header, layers, mean
+  ex = json.load(open(os.path.join(out, "examples.json")))
+  for e in ex:
+    assert len(e["latentlens"]["layer0"]) == 5
+    for l in range(n_layers):  # each neighbour's context ends with the neighbour's own token, starred
+      assert [c.rsplit("*", 2)[1] for c in e["latentlens_contexts"][f"layer{l}"]] == e["latentlens"][f"layer{l}"]
+  stages = {json.loads(line).get("stage") for line in open(os.path.join(out, "metrics.jsonl"))}
+  assert stages == {"text_lm", "vit", "connector"}
+
+
+def test_ground_truth_judge_and_shares_match_brute_force():
+  sc = S.generate(3, seed=4)
+  vocab = S.vocabulary()
+  rng = np.random.default_rng(0)
+  ids = {"a": rng.integers(0, len(vocab), size=(2, 3, 16, 5)), "b": rng.integers(0, 40, size=(2, 3, 16, 5))}
+  out = ll.judge_layers(ids, vocab, sc.images, 4, ll.GroundTruthJudge(sc))
+  for lens, a in ids.items():
+    want = np.zeros((2, 3, 16), bool)
+    for l, i, p in itertools.product(range(2), range(3), range(16)):
+      j = sc.patch_object[i, p]
+      truth = ({"background", list(S.BACKGROUNDS)[sc.background[i]]} if j < 0 else
+               {list(S.COLOURS)[sc.patch_colour[i, p]], S.SHAPES[sc.patch_shape[i, p]]})
+      want[l, i, p] = any(vocab[t] in truth for t in a[l, i, p])
+    np.testing.assert_array_equal(out["verdicts"][lens], want)
+    np.testing.assert_allclose(out["shares"][lens], want.mean(axis=(1, 2)))
+  assert out["verdicts"]["b"].any()
+  strict = ll.judge_layers(ids, vocab, sc.images, 4, ll.GroundTruthJudge(sc, generic=False))["verdicts"]
+  for lens, a in ids.items():
+    for l, i, p in itertools.product(range(2), range(3), range(16)):
+      names = {vocab[t] for t in a[l, i, p]}
+      bg = sc.patch_object[i, p] < 0
+      want = (list(S.BACKGROUNDS)[sc.background[i]] in names) if bg else out["verdicts"][lens][l, i, p]
+      assert strict[lens][l, i, p] == want
+  sel = np.array([[0, 5], [1, 2], [15, 3]])
+  part = ll.judge_layers(ids, vocab, sc.images, 4, ll.GroundTruthJudge(sc), patches=sel)
+  np.testing.assert_array_equal(part["verdicts"]["a"], out["verdicts"]["a"][:, np.arange(3)[:, None], sel])
+
+
+def test_chance_matches_enumeration():
+  sc = S.generate(2, seed=1)
+  brute = []  # all 3-subsets of a 9-word vocabulary in which words 0 .. |truth|-1 are the patch's truth words
+  for i in range(2):
+    for p in range(16):
+      t = len(S.truth_words(sc, i, p))
+      brute.append(np.mean([any(w < t for w in c) for c in itertools.combinations(range(9), 3)]))
+  np.testing.assert_allclose(ll.chance(sc, 9, 3), np.mean(brute), rtol=1e-12)
+
+
+def test_full_presets_fail_clearly(tmp_path):
+  with pytest.raises(ValueError, match="judge"):
+    ll.run(ll.PRESETS["full"], str(tmp_path / "a"), False)
+  with pytest.raises(ValueError, match="vlm_path must be an existing LLaVA checkpoint directory"):
+    lia.run(lia.PRESETS["full"], str(tmp_path / "b"), False)
+  (tmp_path / "ckpt").mkdir()
+  (tmp_path / "ckpt" / "config.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match=r"missing \['tokenizer.json'\]"):
+    pipe.load_checkpoint(str(tmp_path / "ckpt"))
+
+
+def test_full_preset_on_saved_llava_with_stub_judge(ll_run, tmp_path, monkeypatch):
+  from PIL import Image
+  out, _ = ll_run
+  img_dir = tmp_path / "images"
+  img_dir.mkdir()
+  sc = S.generate(3, seed=11)
+  for i, im in enumerate(sc.images):
+    Image.fromarray((im * 255).astype(np.uint8)).save(img_dir / f"{i}.png")
+  corpus = tmp_path / "phrases.txt"
+  corpus.write_text("\n".join(S.text_corpus(40, seed=2)))
+  mod = tmp_path / "stub_judge_mod.py"
+  mod.write_text(textwrap.dedent("""
+      CALLS = []
+      class Judge:
+        def __call__(self, items):
+          CALLS.extend(items)
+          return [it.words[0] in ("red", "background") for it in items]
+  """))
+  monkeypatch.syspath_prepend(str(tmp_path))
+  import stub_judge_mod
+  cfg = ll.Config(
+      vlm_path=os.path.join(out, "artifacts", "vlm"), images_path=str(img_dir), corpus_path=str(corpus),
+      judge="stub_judge_mod:Judge", prompt="<image> a", image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
+      index_texts=40, full_patches_per_image=3, n_eval_scenes=3)
+  res = ll.run(cfg, str(tmp_path / "full"), False)
+  n_layers = SMOKE_LAYERS + 1
+  calls = stub_judge_mod.CALLS
+  assert len(calls) == 3 * n_layers * 3 * 3  # lenses x layers x images x patches
+  assert {c.grid for c in calls} == {4} and all(len(c.words) == 5 for c in calls)
+  for lens in ll.LENSES:
+    mine = [c for c in calls if c.lens == lens]
+    for l in range(n_layers):
+      v = np.mean([c.words[0] in ("red", "background") for c in mine if c.layer == l])
+      np.testing.assert_allclose(res[f"interpretable.{lens}.layer{l}"], v)
+  assert "interpretable.random.mean" not in res
+
+
+def test_lost_in_attention_smoke_keys_and_ranges(lia_run):
+  out, res = lia_run
+  assert res["vlm"] == "reused" and not os.path.exists(os.path.join(out, "artifacts"))
+  for m in lia.MODULES:
+    assert 0 <= res[f"rid.{m}"] <= 2 and np.isfinite(res[f"mixig.{m}"])
+    np.testing.assert_allclose(res[f"rid.{m}"], np.mean([res[f"rid.{m}.layer{l}"] for l in range(SMOKE_LAYERS)]),
+                               rtol=1e-5)
+    np.testing.assert_allclose(res[f"rid.{m}"], res[f"delta_s.{m}"] + res[f"delta_d.{m}"], rtol=1e-5)
+  for name in ("none",) + lia.INTERVENTIONS:
+    assert 0 <= res[f"accuracy.{name}"] <= 1
+  for name in lia.INTERVENTIONS:
+    assert all(0 <= res[f"accuracy.{name}.layer{l}"] <= 1 for l in range(SMOKE_LAYERS))
+  for png in ("geometry_per_layer.png", "accuracy_per_layer.png"):
+    assert os.path.getsize(os.path.join(out, png)) > 1000
+
+
+def test_interventions_in_no_layer_leave_accuracy_unchanged(ll_run):
+  import jax
+  art = pipe.load_artifacts(ll_run[0])
+  cfg = lia.PRESETS["smoke"]
+  batch = lia._scene_data(cfg, art)
+  base = lia.accuracy(art, batch, 8)
+  vocab = pipe.token_strings(art.tokenizer, art.cfg.text.vocab_size)
+  assert base == pipe.attribute_accuracy(art.params, art.cfg, batch, vocab)[0]
+  for name in lia.INTERVENTIONS:
+    iv, lm = lia._intervene(name, art, jax.random.PRNGKey(0), [], None)
+    assert lia.accuracy(art, batch, 8, intervention=iv, lm_params=lm) == base, name
+
+
+def test_lost_in_attention_full_preset_reads_a_checkpoint_and_captions(ll_run, tmp_path):
+  from PIL import Image
+  sc = S.generate(2, seed=3)
+  rows = []
+  for i, im in enumerate(sc.images):
+    Image.fromarray((im * 255).astype(np.uint8)).save(tmp_path / f"{i}.png")
+    rows.append(json.dumps({"image": f"{i}.png", "caption": sc.captions[i]}))
+  (tmp_path / "c.jsonl").write_text("\n".join(rows))
+  cfg = lia.Config(vlm_path=os.path.join(ll_run[0], "artifacts", "vlm"), captions_path=str(tmp_path / "c.jsonl"),
+                   prompt="<image>", per_layer=False, n_eval_scenes=2, eval_batch=2)
+  art, origin = lia._trained(cfg, str(tmp_path / "out"), False)
+  assert origin == "checkpoint" and art.cfg.tokens_per_image == 16
+  batch = lia._full_data(cfg, art)
+  assert batch["score_mask"].sum() == sum(len(c.split()) + 1 for c in sc.captions)  # caption words + <eos>
+  tgt = batch["targets"][batch["score_mask"] > 0]
+  assert list(tgt[:len(sc.captions[0].split())]) == art.tokenizer.encode(sc.captions[0])
+  np.testing.assert_allclose(batch["pixels"][0], (sc.images[0] - np.asarray(lia.IMAGE_MEAN)) /
+                             np.asarray(lia.IMAGE_STD), atol=3 / 255 / 0.26)  # 8-bit PNG round trip
+  (tmp_path / "bad.jsonl").write_text(json.dumps({"image": "missing.png", "caption": "a"}))
+  with pytest.raises(FileNotFoundError, match="missing.png"):
+    lia._full_data(lia.Config(**{**cfg.__dict__, "captions_path": str(tmp_path / "bad.jsonl")}), art)
+  (tmp_path / "bad2.jsonl").write_text(json.dumps({"img": "0.png"}))
+  with pytest.raises(ValueError, match="expected keys image and caption"):
+    lia._full_data(lia.Config(**{**cfg.__dict__, "captions_path": str(tmp_path / "bad2.jsonl")}), art)
+
+
+def test_lost_in_attention_trains_when_no_source(ll_run, tmp_path, monkeypatch):
+  seen = []
+
+  def fake_train(train_cfg, out_dir, resume):
+    seen.append((train_cfg, out_dir, resume))
+    return pipe.load_artifacts(ll_run[0])
+  monkeypatch.setattr(pipe, "train_vlm", fake_train)
+  cfg = lia.Config(source=str(tmp_path / "empty"))  # holds no artifacts
+  art, origin = lia._trained(cfg, str(tmp_path), False)
+  assert origin == "trained" and seen == [(cfg.train, str(tmp_path), False)]
+  assert art.cfg.tokens_per_image == 16
+  art2, origin2 = lia._trained(lia.Config(source=ll_run[0]), str(tmp_path / "x"), False)
+  assert origin2 == "reused" and len(seen) == 1
