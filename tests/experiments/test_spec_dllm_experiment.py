@@ -4,7 +4,7 @@ import os
 
 from experiments import registry
 
-METHODS = ("vanilla", "fast_dllm", "fast_dllm_dual_cache", "speculative")
+METHODS = ("vanilla", "fast_dllm", "fast_dllm_dual_cache", "speculative", "speculative_vanilla")
 
 
 def test_smoke_preset_writes_every_result(tmp_path):
@@ -17,5 +17,8 @@ def test_smoke_preset_writes_every_result(tmp_path):
     assert results[f"tokens_per_step.{m}"] >= 1.0
   # vanilla commits exactly one token per step in the smoke preset's even split; threshold decoding never fewer
   assert results["nfe.fast_dllm"] <= results["nfe.vanilla"]
+  # exact speculative decoding of the vanilla sampler decodes vanilla's tokens, in no more forwards
+  assert results["accuracy.speculative_vanilla"] == results["accuracy.vanilla"]
+  assert results["nfe.speculative_vanilla"] <= results["nfe.vanilla"]
   assert os.path.exists(os.path.join(out_dir, "results.json"))
   assert any(f.endswith(".png") for f in os.listdir(out_dir))
