@@ -51,6 +51,7 @@ class Config:
   local_steps: int = 2
   local_batch: int = 4
   local_lr: float = 3e-3
+  local_opt: str = "adamw"
   server_lr: float = 1.0
   server_opt: str = "sgd"
   rounds: int = 2
@@ -80,7 +81,8 @@ class Config:
     return fslora.Config(method=method, rank=self.rank, alpha=self.alpha, targets=self.targets,
                          n_clients=self.n_clients, clients_per_round=self.clients_per_round,
                          local_steps=self.local_steps, batch_size=self.local_batch, local_lr=self.local_lr,
-                         server_lr=self.server_lr, server_opt=self.server_opt, ratios=ratios or self.ratios)
+                         local_opt=self.local_opt, server_lr=self.server_lr, server_opt=self.server_opt,
+                         ratios=ratios or self.ratios)
 
 
 PRESETS = {

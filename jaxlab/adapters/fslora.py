@@ -4,7 +4,8 @@ baselines, as a federated simulation over any model: the caller supplies `loss_f
 The server keeps a global LoRA per target (`lora` layout: lora_a [.., in, r] = A^T, lora_b [.., r, out] = B^T of
 the paper's B [m, r], A [r, n]) with rsLoRA scale s = alpha/sqrt(r). Each round `plan_round` samples C of the N
 clients, each one's index set I_i (|I_i| = k_i) and its minibatch indices; the round function trains the sampled
-clients in one vmapped program for H local AdamW steps from the global LoRA and aggregates:
+clients in one vmapped program for H local steps (AdamW, or SGD with momentum 0.9 as in the authors' code) from
+the global LoRA and aggregates:
 
   fslora:  I_i uniform of size k_i, S_i = (r/k_i) diag(1_{I_i}) (E[S_i] = I); client model W0 + s B S_i A.
   fedlora: k_i = r, S_i = I.
@@ -48,6 +49,7 @@ class Config:
   batch_size: int = 8
   local_lr: float = 1e-3
   local_weight_decay: float = 0.0
+  local_opt: str = "adamw"  # "adamw" | "sgd" (momentum 0.9: the sketch's r/k gradient scale then survives)
   server_lr: float = 1.0
   server_opt: str = "sgd"  # "sgd" | "adam"
   ratios: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # k_i / r, client i takes ratios[i % len]; fedlora: all 1
@@ -62,6 +64,8 @@ class Config:
       raise ValueError(f"fslora.Config: {msg}")
     if self.method not in METHODS:
       bad(f"method must be one of {METHODS}, found {self.method!r}")
+    if self.local_opt not in ("adamw", "sgd"):
+      bad(f"local_opt must be 'adamw' or 'sgd', found {self.local_opt!r}")
     if self.server_opt not in ("sgd", "adam"):
       bad(f"server_opt must be 'sgd' or 'adam', found {self.server_opt!r}")
     for name in ("rank", "n_clients", "clients_per_round", "local_steps", "batch_size"):
@@ -155,7 +159,7 @@ def _mask_tree(adapter, mask):
 
 
 def client_update(cfg: Config, loss_fn: Callable, adapter, base_params, data, mask, factor, batch_idx):
-  """H local AdamW steps of one client on W0 + s B S A, updating only the components in `mask`.
+  """H local steps (cfg.local_opt) of one client on W0 + s B S A, updating only the components in `mask`.
 
   Args:
     cfg: the federation config.
@@ -170,7 +174,10 @@ def client_update(cfg: Config, loss_fn: Callable, adapter, base_params, data, ma
     (new adapter, [H] losses before each step).
   """
   lcfg = cfg.lora()
-  tx = optax.adamw(cfg.local_lr, weight_decay=cfg.local_weight_decay)
+  if cfg.local_opt == "adamw":
+    tx = optax.adamw(cfg.local_lr, weight_decay=cfg.local_weight_decay)
+  else:
+    tx = optax.chain(optax.add_decayed_weights(cfg.local_weight_decay), optax.sgd(cfg.local_lr, momentum=0.9))
 
   def loss(ad, batch):
     return loss_fn(lora.merge(base_params, sketched(ad, mask, factor), lcfg), batch)

@@ -57,7 +57,10 @@ def _reference_round(cfg, adapter, base, data, plan):
       eff = {p: {"lora_a": factor * l["lora_a"], "lora_b": l["lora_b"]} for p, l in s.items()}
       return _loss(lora.add_deltas(base, lora.deltas(eff, lcfg)), batch)
 
-    tx = optax.adamw(cfg.local_lr, weight_decay=cfg.local_weight_decay)
+    if cfg.local_opt == "adamw":
+      tx = optax.adamw(cfg.local_lr, weight_decay=cfg.local_weight_decay)
+    else:  # SGD with momentum 0.9 and decoupled decay, as the authors' client loop
+      tx = optax.chain(optax.add_decayed_weights(cfg.local_weight_decay), optax.sgd(cfg.local_lr, momentum=0.9))
     opt = tx.init(sub)
     for h in range(cfg.local_steps):
       batch = {k: v[c][idx[h]] for k, v in data.items()}
@@ -101,10 +104,11 @@ def test_client_update_changes_only_its_sketched_components():
   assert np.all(np.abs(da[:, ~off]).max(0) > 0) and np.all(np.abs(db[~off, :]).max(1) > 0)
 
 
+@pytest.mark.parametrize("local_opt", ["adamw", "sgd"])
 @pytest.mark.parametrize("method", fslora.METHODS)
-def test_round_equals_reference_that_trains_the_submatrices(method):
+def test_round_equals_reference_that_trains_the_submatrices(method, local_opt):
   base, data, sizes = _problem()
-  cfg = _cfg(method=method)
+  cfg = _cfg(method=method, local_opt=local_opt)
   state = _nonzero_b(fslora.init(cfg, base, jax.random.key(0)))
   round_fn = fslora.make_round(cfg, _loss)
   ref = state.adapter
