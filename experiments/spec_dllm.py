@@ -84,8 +84,8 @@ class Config:
   seed: int = 0
 
   def __post_init__(self):
-    if self.verify_attention not in ("auto", "kernel", "dense"):
-      raise ValueError(f"verify_attention must be auto, kernel or dense, found {self.verify_attention!r}")
+    if self.verify_attention not in speculative.ATTENTION:
+      raise ValueError(f"verify_attention must be one of {speculative.ATTENTION}, found {self.verify_attention!r}")
     if self.gen_length % self.block_length:
       raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})")
     bad = [m for m in self.methods if m not in METHODS]
@@ -331,7 +331,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     results["nfe_ratio.vanilla_over_fast_dllm"] = results["nfe.vanilla"] / results["nfe.fast_dllm"]
   for m in ("speculative", "speculative_vanilla"):
     if "fast_dllm" in cfg.methods and m in cfg.methods:
-      results[f"tps_ratio.{m}_over_fast_dllm"] = results[f"tokens_per_step.{m}"] / results["tokens_per_step.fast_dllm"]
+      tps = results[f"tokens_per_step.{m}"] / results["tokens_per_step.fast_dllm"]
+      results[f"tps_ratio.{m}_over_fast_dllm"] = tps
   series = {m: ([p[0] for p in sorted(v)], [p[1] for p in sorted(v)]) for m, v in curves.items()}
   registry.plot_curves(os.path.join(out_dir, "accuracy_vs_nfe.png"), series, xlabel="NFE per example",
                        ylabel="accuracy", title=f"spec_dllm: {cfg.benchmark}")

@@ -116,26 +116,22 @@ def region_logits(params, cfg: mdm.Config, ctx, tokens_BNT, pos_BT, valid_BT, le
   branch = jnp.broadcast_to(jnp.repeat(jnp.arange(n, dtype=jnp.int32), t), (b, n * t))
   key_ok = jnp.tile(jnp.arange(t) >= lead, n)
   valid = jnp.tile(valid_BT, (1, n))
-  kw = dict(positions_BT=jnp.tile(pos_BT, (1, n)), attention_mask_BT=valid)
+  kw = dict(positions_BT=jnp.tile(pos_BT, (1, n)), attention_mask_BT=valid, cache=ctx)
   s = 0 if ctx is None else ctx["pos"].shape[1] - n * t
+  prefix_len = jnp.full((b,), s, jnp.int32)
   if kernel:
     if cfg.sliding_window is not None:
       raise ValueError("kernel=True needs full attention; this config has a sliding window")
     key_ids = jnp.where(key_ok & valid.astype(bool), branch, -1)
     prefix_valid = None if ctx is None else ctx["pos"][:, :s] >= 0
-    prefix_len = jnp.full((b,), s, jnp.int32)
 
     def attention_fn(q_BTHK, k_BSGK, v_BSGK, _):
       return spec_verify_attention(q_BTHK, k_BSGK[:, :s], v_BSGK[:, :s], k_BSGK[:, s:], v_BSGK[:, s:], prefix_len,
                                    branch, prefix_valid_BS=prefix_valid, key_branch_ids_BT=key_ids)
     kw["attention_fn"] = attention_fn
-  if ctx is None:
-    mask = None if n == 1 and lead == 0 or kernel else make_mask(jnp.zeros((b,), jnp.int32), branch, 0) & key_ok
-    out = tfm.forward(params, tokens_BNT.reshape(b, n * t), cfg, attn_mask_BTS=mask, **kw)
-  else:
-    mask = None if kernel else (make_mask(jnp.full((b,), s, jnp.int32), branch, s)
-                                & jnp.concatenate([jnp.ones((s,), bool), key_ok]))
-    out = tfm.forward(params, tokens_BNT.reshape(b, n * t), cfg, attn_mask_BTS=mask, cache=ctx, **kw)
+  elif n > 1 or lead or ctx is not None:  # excluded cache entries and padding (pos -1): the model hides them
+    kw["attn_mask_BTS"] = make_mask(prefix_len, branch, s) & jnp.concatenate([jnp.ones((s,), bool), key_ok])
+  out = tfm.forward(params, tokens_BNT.reshape(b, n * t), cfg, **kw)
   raw = out.logits.reshape(b, n, t, -1)
   if cfg.shift_logits:
     raw = raw[:, :, :t - lead] if lead else jnp.concatenate([raw[:, :, :1], raw[:, :, :-1]], axis=2)

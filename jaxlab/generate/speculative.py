@@ -63,6 +63,7 @@ from jaxlab.generate import diffusion as dif
 from jaxlab.models import mdm
 
 ACCEPTANCE = ("exact", "confident")
+ATTENTION = ("auto", "kernel", "dense")  # verification attention: Pallas kernel, dense mask, kernel off CPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,8 +272,8 @@ def generate(params, cfg: mdm.Config, prompt, *, steps: int, gen_length: int, bl
     raise ValueError(f"lookahead must be >= 0, found {lookahead}")
   if acceptance not in ACCEPTANCE:
     raise ValueError(f"acceptance must be one of {ACCEPTANCE}, found {acceptance!r}")
-  if attention not in ("auto", "kernel", "dense"):
-    raise ValueError(f"attention must be 'auto', 'kernel' or 'dense', found {attention!r}")
+  if attention not in ATTENTION:
+    raise ValueError(f"attention must be one of {ATTENTION}, found {attention!r}")
   kernel = attention == "kernel" or (attention == "auto" and jax.default_backend() != "cpu")
   strata = tuple(float(s) for s in strata)
   if not strata or any(a < b for a, b in zip(strata, strata[1:])):

@@ -205,7 +205,7 @@ def _attention(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, in
   return layers.linear(p["o"], out.reshape(b, t, h * k), dt), w, slot
 
 
-def _block(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention, attention_fn=None):
+def _block(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention, attention_fn):
   eps = cfg.norm_eps
   inp = x_BTD if cfg.post_norm else layers.rms_norm(p["attn_norm"], x_BTD, eps)
   a, w, slot = _attention(p["attn"], inp, cos, sin, mask_BTS, cfg, slot, index, layer, intervention, attention_fn)
