@@ -250,15 +250,10 @@ def median_step_times(steps: dict, batch, n: int) -> dict:
 
 
 def fresh_state(params0, tx, seed: int, mesh, rules) -> state_lib.TrainState:
-  """`state_lib.init_state` from already initialized params (copied: the train step donates its state), so the
-  model's init compiles once for all optimizers; the rng stream is init_state's."""
+  """`state_lib.init_state`'s state from a copy of the shared initial params (the train step donates its
+  state), so the model's init compiles once for all optimizers."""
   params = jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), params0)
-  opt_shapes = jax.eval_shape(tx.init, params)
-  opt_state = jax.jit(tx.init, out_shardings=state_lib.tree_shardings(opt_shapes, mesh, rules))(params)
-  rep = NamedSharding(mesh, P())
-  rng = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
-  return state_lib.TrainState(params, opt_state, jax.device_put(jnp.zeros((), jnp.int32), rep),
-                              jax.device_put(rng, rep))
+  return state_lib.state_from_params(params, tx, seed, mesh, rules)
 
 
 def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_params, params0):

@@ -79,12 +79,18 @@ def init_state(init_params: Callable[[Any], Any], tx: optax.GradientTransformati
     mesh: a device mesh from `jaxlab.sharding.make_mesh`; None places everything on the default device.
     rules: a sharding strategy name (`jaxlab.sharding.RULES`) or rule table.
   """
-  key = jax.random.PRNGKey(seed)
-  pkey, rkey = key, jax.random.fold_in(key, 1)
+  pkey = jax.random.PRNGKey(seed)
+  params = jax.jit(init_params)(pkey) if mesh is None else shd.sharded_init(init_params, mesh, rules, pkey)
+  return state_from_params(params, tx, seed, mesh, rules)
+
+
+def state_from_params(params, tx: optax.GradientTransformation, seed: int = 0, mesh=None,
+                      rules="dp") -> TrainState:
+  """A fresh train state around already initialized (and, on a mesh, already sharded) `params`: step 0, the
+  optimizer's initial state in its sharded layout, and the rng stream `init_state` gives for `seed`."""
+  rkey = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
   if mesh is None:
-    params = jax.jit(init_params)(pkey)
     return TrainState(params, jax.jit(tx.init)(params), jnp.zeros((), jnp.int32), rkey)
-  params = shd.sharded_init(init_params, mesh, rules, pkey)
   opt_shapes = jax.eval_shape(tx.init, params)
   opt_state = jax.jit(tx.init, out_shardings=tree_shardings(opt_shapes, mesh, rules))(params)
   rep = NamedSharding(mesh, P())
