@@ -94,7 +94,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   p.add_argument("--no-hf", action="store_true", help="skip the transformers/PyTorch side")
   p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
-  p.add_argument("--remeasure-peak", action="store_true", help="measure the peak FLOP/s again in this process instead of reading the cache")
+  p.add_argument("--remeasure-peak", action="store_true",
+                 help="measure the peak FLOP/s again in this process instead of reading the cache")
   return p
 
 

@@ -19,9 +19,10 @@ covering the patch (`min_cover` of its pixels), or for a background patch "backg
 colour word. Position, function and everyday words never count. As with the paper's judge, one matching word
 out of five suffices, so a lens that lists many attribute words gains by chance; `interpretable.random.mean` is
 the exact chance level of 5 distinct random vocabulary words. 62% of patches are background, and
-"background" is right for every one of them, so a lens answering "background" everywhere would score ~62%; the cpu preset therefore also reports the
-share over object patches only (`interpretable_object.<lens>.layer<l>` / `.mean`) and under a specific judge
-that requires the background's colour word on background patches (`interpretable_specific.*`), besides the
+"background" is right for every one of them, so a lens answering "background" everywhere would score ~62%;
+the cpu preset therefore also reports the share over object patches only (`interpretable_object.<lens>.layer<l>`
+/ `.mean`) and under a specific judge that requires the background's colour word on background patches
+(`interpretable_specific.*`), besides the
 background-patch share, the top-1 share and the captioning model's teacher-forced accuracy on attribute words.
 
 The full preset runs the same evaluation on a real LLaVA checkpoint directory (`vlm_path`, with its
