@@ -4,8 +4,8 @@ baselines, as a federated simulation over any model: the caller supplies `loss_f
 The server keeps a global LoRA per target (`lora` layout: lora_a [.., in, r] = A^T, lora_b [.., r, out] = B^T of
 the paper's B [m, r], A [r, n]) with rsLoRA scale s = alpha/sqrt(r). Each round `plan_round` samples C of the N
 clients, each one's index set I_i (|I_i| = k_i) and its minibatch indices; the round function trains the sampled
-clients in one vmapped program for H local steps (AdamW, or SGD with momentum 0.9 as in the authors' code) from
-the global LoRA and aggregates:
+clients in one vmapped program for H local steps (AdamW, or SGD with momentum 0.9 as in the authors' code; the
+rate constant, or cosine-decayed over `decay_rounds` rounds) from the global LoRA and aggregates:
 
   fslora:  I_i uniform of size k_i, S_i = (r/k_i) diag(1_{I_i}) (E[S_i] = I); client model W0 + s B S_i A.
   fedlora: k_i = r, S_i = I.
@@ -15,8 +15,11 @@ the global LoRA and aggregates:
 A client touches only columns I_i of B and rows I_i of A (outside I_i the sketched forward has zero gradient and
 updates are masked, so weight decay cannot move them) and uploads only those submatrices. The server treats
 g = -mean_i(delta_i) (zero where a client did not touch) as a pseudo-gradient for its optimizer (SGD with lr 1 is
-FedAvg). Index sets are 0/1 masks of length r, so all clients share one compiled program; in this simulation a
-client's compute is therefore that of rank r, while its upload is counted from k_i:
+FedAvg). With `reweight`, each rank component is instead averaged over the clients that trained it this round
+(HeteroFL-style): with a scale-invariant client optimizer (AdamW normalizes away the r/k that the sketch puts
+into the gradient) the plain mean moves a component by about k/r of a client step per round, this by one.
+Index sets are 0/1 masks of length r, so all clients share one compiled program; in this simulation a client's
+compute is therefore that of rank r, while its upload is counted from k_i:
 k_i * sum_targets (#stacked layers) * (in + out) * itemsize bytes.
 
 Axes: N clients, C sampled clients, H local steps, b batch, r rank.
@@ -48,10 +51,12 @@ class Config:
   local_steps: int = 5  # H
   batch_size: int = 8
   local_lr: float = 1e-3
+  decay_rounds: int = 0  # > 0: round t's client lr is local_lr * cosine(t / decay_rounds) down to 0.1x; 0: constant
   local_weight_decay: float = 0.0
   local_opt: str = "adamw"  # "adamw" | "sgd" (momentum 0.9: the sketch's r/k gradient scale then survives)
   server_lr: float = 1.0
   server_opt: str = "sgd"  # "sgd" | "adam"
+  reweight: bool = False  # the server averages each component over the clients that trained it (module doc)
   ratios: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # k_i / r, client i takes ratios[i % len]; fedlora: all 1
 
   def __post_init__(self):
@@ -68,6 +73,8 @@ class Config:
       bad(f"local_opt must be 'adamw' or 'sgd', found {self.local_opt!r}")
     if self.server_opt not in ("sgd", "adam"):
       bad(f"server_opt must be 'sgd' or 'adam', found {self.server_opt!r}")
+    if self.decay_rounds < 0:
+      bad(f"decay_rounds must be >= 0, found {self.decay_rounds}")
     for name in ("rank", "n_clients", "clients_per_round", "local_steps", "batch_size"):
       if getattr(self, name) <= 0:
         bad(f"{name} must be positive, found {getattr(self, name)}")
@@ -86,6 +93,12 @@ class Config:
       return np.full(self.n_clients, self.rank, np.int32)
     q = np.asarray([self.ratios[i % len(self.ratios)] for i in range(self.n_clients)])
     return np.clip(np.round(q * self.rank), 1, self.rank).astype(np.int32)
+
+  def round_lr(self, round_index):
+    """The clients' learning rate in round `round_index` (0-based; may be traced)."""
+    if not self.decay_rounds:
+      return jnp.asarray(self.local_lr, jnp.float32)
+    return optax.cosine_decay_schedule(self.local_lr, self.decay_rounds, alpha=0.1)(round_index)
 
   def replace(self, **kw) -> "Config":
     return dataclasses.replace(self, **kw)
@@ -158,7 +171,7 @@ def _mask_tree(adapter, mask):
               "lora_b": l["lora_b"] * mask[:, None].astype(l["lora_b"].dtype)} for p, l in adapter.items()}
 
 
-def client_update(cfg: Config, loss_fn: Callable, adapter, base_params, data, mask, factor, batch_idx):
+def client_update(cfg: Config, loss_fn: Callable, adapter, base_params, data, mask, factor, batch_idx, lr=None):
   """H local steps (cfg.local_opt) of one client on W0 + s B S A, updating only the components in `mask`.
 
   Args:
@@ -169,15 +182,17 @@ def client_update(cfg: Config, loss_fn: Callable, adapter, base_params, data, ma
     data: this client's examples (pytree of [n_max, ...] arrays).
     mask: [r] 0/1 index set; factor: scalar r/k (1 for fedlora/hetlora).
     batch_idx: [H, b] example indices.
+    lr: this round's learning rate (default cfg.local_lr).
 
   Returns:
     (new adapter, [H] losses before each step).
   """
   lcfg = cfg.lora()
+  lr = cfg.local_lr if lr is None else lr
   if cfg.local_opt == "adamw":
-    tx = optax.adamw(cfg.local_lr, weight_decay=cfg.local_weight_decay)
+    tx = optax.adamw(lr, weight_decay=cfg.local_weight_decay)
   else:
-    tx = optax.chain(optax.add_decayed_weights(cfg.local_weight_decay), optax.sgd(cfg.local_lr, momentum=0.9))
+    tx = optax.chain(optax.add_decayed_weights(cfg.local_weight_decay), optax.sgd(lr, momentum=0.9))
 
   def loss(ad, batch):
     return loss_fn(lora.merge(base_params, sketched(ad, mask, factor), lcfg), batch)
@@ -215,16 +230,27 @@ def make_round(cfg: Config, loss_fn: Callable, server_tx: optax.GradientTransfor
   def round_fn(state: State, base_params, data, plan: Plan):
     def one(cid, mask, factor, idx):
       mine = jax.tree.map(lambda x: x[cid], data)
-      new, losses = client_update(cfg, loss_fn, state.adapter, base_params, mine, mask, factor, idx)
+      new, losses = client_update(cfg, loss_fn, state.adapter, base_params, mine, mask, factor, idx,
+                                  cfg.round_lr(state.round))
       return jax.tree.map(jnp.subtract, new, state.adapter), losses
 
     deltas, losses = jax.vmap(one)(plan.clients, plan.mask, plan.factor, plan.batch_idx)
-    pseudo_grad = jax.tree.map(lambda d: -jnp.mean(d, axis=0), deltas)
+    if cfg.reweight:
+      pseudo_grad = _mean_over_covering_clients(deltas, plan.mask)
+    else:
+      pseudo_grad = jax.tree.map(lambda d: -jnp.mean(d, axis=0), deltas)
     updates, opt_state = tx.update(pseudo_grad, state.opt_state, state.adapter)
     adapter = optax.apply_updates(state.adapter, updates)
     return State(adapter, opt_state, state.round + 1), {"loss": losses}
 
   return round_fn
+
+
+def _mean_over_covering_clients(deltas, mask_Cr):
+  """-(sum of the deltas) / (number of clients holding the component), per rank component (0 where none did)."""
+  inv_r = 1.0 / jnp.maximum(mask_Cr.sum(0), 1.0)
+  return {p: {"lora_a": -l["lora_a"].sum(0) * inv_r.astype(l["lora_a"].dtype),
+              "lora_b": -l["lora_b"].sum(0) * inv_r[:, None].astype(l["lora_b"].dtype)} for p, l in deltas.items()}
 
 
 def upload_bytes(adapter, plan: Plan) -> np.ndarray:

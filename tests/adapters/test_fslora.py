@@ -72,7 +72,10 @@ def _reference_round(cfg, adapter, base, data, plan):
       delta[p]["lora_a"] = delta[p]["lora_a"].at[..., I].set(sub[p]["lora_a"] - full[p]["lora_a"][..., I])
       delta[p]["lora_b"] = delta[p]["lora_b"].at[..., I, :].set(sub[p]["lora_b"] - full[p]["lora_b"][..., I, :])
     deltas.append(delta)
-  mean = jax.tree.map(lambda *d: sum(d) / len(d), *deltas)
+  # reweight: each component's sum over the clients that hold it, divided by their number
+  holders = np.maximum(np.asarray(plan.mask).sum(0), 1) if cfg.reweight else np.full(cfg.rank, len(deltas))
+  total = jax.tree.map(lambda *d: sum(d), *deltas)
+  mean = {p: {"lora_a": l["lora_a"] / holders, "lora_b": l["lora_b"] / holders[:, None]} for p, l in total.items()}
   return jax.tree.map(jnp.add, adapter, mean), uploaded
 
 
@@ -104,11 +107,11 @@ def test_client_update_changes_only_its_sketched_components():
   assert np.all(np.abs(da[:, ~off]).max(0) > 0) and np.all(np.abs(db[~off, :]).max(1) > 0)
 
 
-@pytest.mark.parametrize("local_opt", ["adamw", "sgd"])
+@pytest.mark.parametrize("local_opt,reweight", [("adamw", False), ("sgd", False), ("adamw", True)])
 @pytest.mark.parametrize("method", fslora.METHODS)
-def test_round_equals_reference_that_trains_the_submatrices(method, local_opt):
+def test_round_equals_reference_that_trains_the_submatrices(method, local_opt, reweight):
   base, data, sizes = _problem()
-  cfg = _cfg(method=method, local_opt=local_opt)
+  cfg = _cfg(method=method, local_opt=local_opt, reweight=reweight)
   state = _nonzero_b(fslora.init(cfg, base, jax.random.key(0)))
   round_fn = fslora.make_round(cfg, _loss)
   ref = state.adapter
@@ -127,6 +130,24 @@ def test_round_equals_reference_that_trains_the_submatrices(method, local_opt):
   if method != "fedlora":
     full = (cfg.rank * (D_IN + D_OUT) * 4) * cfg.clients_per_round
     assert int(fslora.upload_bytes(state.adapter, plan).sum()) < full
+
+
+def test_round_lr_decay_follows_the_cosine_and_reaches_the_clients():
+  base, data, sizes = _problem()
+  cfg = _cfg(method="fslora", decay_rounds=4)
+  lrs = [float(cfg.round_lr(t)) for t in range(6)]
+  want = [cfg.local_lr * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * min(t, 4) / 4))) for t in range(6)]
+  np.testing.assert_allclose(lrs, want, rtol=1e-6)
+  state = _nonzero_b(fslora.init(cfg, base, jax.random.key(0)))
+  round_fn = fslora.make_round(cfg, _loss)
+  ref = state.adapter
+  for i in range(3):
+    plan = fslora.plan_round(cfg, jax.random.key(20 + i), sizes)
+    ref, _ = _reference_round(cfg.replace(local_lr=lrs[i]), ref, base, data, plan)
+    state, _ = round_fn(state, base, data, plan)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), state.adapter, ref)
+  with pytest.raises(ValueError, match="decay_rounds"):
+    _cfg(decay_rounds=-1)
 
 
 def test_sketch_ratio_one_reproduces_fedlora_exactly():

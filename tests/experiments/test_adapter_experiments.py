@@ -126,13 +126,14 @@ def test_fslora_smoke_results(fslora_run):
   cfg = fslora_exp.PRESETS["smoke"]
   assert cfg.clients_per_round == cfg.n_clients  # every client every round: bytes have a closed form
   rescored = _rescored(out)
-  for m in fslora_exp.METHODS:
+  for m in (*fslora_exp.METHODS, "fslora_reweighted"):
     assert math.isclose(res[f"accuracy.{m}"], rescored[m], abs_tol=1e-9)
   # one rank-1 component of every target: L (in + out) float32 numbers
   per_component = cfg.setup.model.n_layers * sum(i + o for i, o in _target_shapes(cfg.setup.model)) * 4
   k = [max(1, min(cfg.rank, round(cfg.ratios[i % len(cfg.ratios)] * cfg.rank))) for i in range(cfg.n_clients)]
   assert res["upload_bytes.fedlora"] == cfg.rounds * cfg.n_clients * cfg.rank * per_component
-  assert res["upload_bytes.fslora"] == res["upload_bytes.hetlora"] == cfg.rounds * sum(k) * per_component
+  assert res["upload_bytes.fslora"] == res["upload_bytes.hetlora"] == res["upload_bytes.fslora_reweighted"] == \
+      cfg.rounds * sum(k) * per_component
   for q in cfg.sweep_ratios:
     kq = max(1, round(q * cfg.rank))
     assert res[f"upload_bytes.fslora_q{q:g}"] == cfg.rounds * cfg.n_clients * kq * per_component
