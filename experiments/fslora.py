@@ -94,8 +94,8 @@ class Config:
 
 PRESETS = {
     "smoke": Config(lr_decay=True, reweighted=True),
-    "cpu": Config(setup=common.Setup.cpu(test_examples=1000), rank=16, n_clients=20, clients_per_round=4,
-                  local_steps=5, local_batch=8, local_lr=5e-3, lr_decay=True, rounds=80,
+    "cpu": Config(setup=common.Setup.cpu(test_examples=1000), rank=64, n_clients=20, clients_per_round=4,
+                  local_steps=5, local_batch=8, local_lr=2.5e-3, lr_decay=True, rounds=80,
                   ratios=(0.25, 0.5, 0.75), sweep_ratios=(0.25,), dirichlet_alpha=0.3, eval_every=20),
     "full": Config(setup=common.Setup.full(train_format="commonsense", test_format="commonsense",
                                          train_path=f"{common.REQUIRED} --set setup.train_path=commonsense_170k.jsonl",
