@@ -166,9 +166,10 @@ def sketched(adapter, mask, factor):
           for p, l in adapter.items()}
 
 
-def _mask_tree(adapter, mask):
-  return {p: {"lora_a": l["lora_a"] * mask.astype(l["lora_a"].dtype),
-              "lora_b": l["lora_b"] * mask[:, None].astype(l["lora_b"].dtype)} for p, l in adapter.items()}
+def _per_component(adapter, w_r):
+  """Every rank component (lora_a's column, lora_b's row) times w_r [r]: a 0/1 mask or a weight."""
+  return {p: {"lora_a": l["lora_a"] * w_r.astype(l["lora_a"].dtype),
+              "lora_b": l["lora_b"] * w_r[:, None].astype(l["lora_b"].dtype)} for p, l in adapter.items()}
 
 
 def client_update(cfg: Config, loss_fn: Callable, adapter, base_params, data, mask, factor, batch_idx, lr=None):
@@ -202,7 +203,7 @@ def client_update(cfg: Config, loss_fn: Callable, adapter, base_params, data, ma
     batch = jax.tree.map(lambda x: x[idx], data)
     value, grads = jax.value_and_grad(loss)(ad, batch)
     updates, opt = tx.update(grads, opt, ad)
-    return (optax.apply_updates(ad, _mask_tree(updates, mask)), opt), value
+    return (optax.apply_updates(ad, _per_component(updates, mask)), opt), value
 
   (new, _), losses = jax.lax.scan(step, (adapter, tx.init(adapter)), batch_idx)
   return new, losses
@@ -249,8 +250,7 @@ def make_round(cfg: Config, loss_fn: Callable, server_tx: optax.GradientTransfor
 def _mean_over_covering_clients(deltas, mask_Cr):
   """-(sum of the deltas) / (number of clients holding the component), per rank component (0 where none did)."""
   inv_r = 1.0 / jnp.maximum(mask_Cr.sum(0), 1.0)
-  return {p: {"lora_a": -l["lora_a"].sum(0) * inv_r.astype(l["lora_a"].dtype),
-              "lora_b": -l["lora_b"].sum(0) * inv_r[:, None].astype(l["lora_b"].dtype)} for p, l in deltas.items()}
+  return _per_component(jax.tree.map(lambda d: -d.sum(0), deltas), inv_r)
 
 
 def upload_bytes(adapter, plan: Plan) -> np.ndarray:
