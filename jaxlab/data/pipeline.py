@@ -219,7 +219,8 @@ class LMData:
     add_bos: prepend bos to every document.
     add_eos: append eos to every document (the separator).
     drop_remainder: drop the last partial window and batch; else pad them (loss_mask 0).
-    read_threads: grain reader threads tokenizing documents (0 = in the calling thread).
+    read_threads: grain reader threads tokenizing documents (0 = in the calling thread); the batches do
+      not depend on it.
     prefetch: documents buffered by the reader.
   """
   seq_len: int
@@ -231,7 +232,7 @@ class LMData:
   add_bos: bool = False
   add_eos: bool = True
   drop_remainder: bool = True
-  read_threads: int = 2
+  read_threads: int = 4
   prefetch: int = 32
 
   def __post_init__(self):

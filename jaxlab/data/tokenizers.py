@@ -205,11 +205,13 @@ class HFTokenizer(_Tokenizer):
   def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
     if not isinstance(text, str):
       raise TypeError(f"encode expects str, found {type(text).__name__}")
-    return self._wrap(self._tok.encode(text, add_special_tokens=False).ids, add_bos, add_eos)
+    return self._encode_many([text], add_bos, add_eos)[0]
 
   def _encode_many(self, texts, add_bos, add_eos):
-    encs = self._tok.encode_batch(texts, add_special_tokens=False)
-    return [self._wrap(e.ids, add_bos, add_eos) for e in encs]
+    # encode_batch_fast skips character offsets and releases the GIL, so the data pipeline's reader threads
+    # tokenize in parallel (`Tokenizer.encode` holds the GIL throughout).
+    fast = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+    return [self._wrap(e.ids, add_bos, add_eos) for e in fast(list(texts), add_special_tokens=False)]
 
   def decode(self, ids, skip_special: bool = True) -> str:
     text = self._tok.decode(np.asarray(ids, np.int64).reshape(-1).tolist(), skip_special_tokens=skip_special)

@@ -82,6 +82,11 @@ def test_same_seed_same_batches_different_seed_different_order():
   assert not all((x == y).all() for x, y in zip(a, c))
 
 
+def test_batches_do_not_depend_on_reader_threads():
+  a, b = (_rows_batches(LMData(16, 4, seed=3, shuffle_buffer=8, read_threads=t), 12) for t in (0, 4))
+  assert all((x[k] == y[k]).all() for x, y in zip(a, b) for k in KEYS)
+
+
 def _rows_batches(cfg, n, docs=DOCS, pi=0, pc=1):
   it = cfg.iterator(from_texts(docs), TOK, pi, pc)
   return [next(it) for _ in range(n)]

@@ -118,7 +118,9 @@ def _compare_with_transformers(folder, texts):
 
 
 def test_hf_bpe_matches_transformers(tmp_path):
-  ours, ref = _compare_with_transformers(_build_bpe_dir(tmp_path), TEXTS + ["the lazy fox , ok ."])
+  rng = random.Random(1)
+  texts = TEXTS + ["the lazy fox , ok ."] + [_random_unicode(rng, rng.randrange(1, 60)) for _ in range(30)]
+  ours, ref = _compare_with_transformers(_build_bpe_dir(tmp_path), texts)
   ids = ours.encode("the fox", add_bos=True, add_eos=True)
   assert ids == [ref.bos_token_id, *ref.encode("the fox", add_special_tokens=False), ref.eos_token_id]
   assert ours.decode(ids, skip_special=False) == ref.decode(ids, skip_special_tokens=False)
