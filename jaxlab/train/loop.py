@@ -138,15 +138,23 @@ def train_loop(state: TrainState, train_step, batches: Iterator, num_steps: int,
   window: list[dict] = []
   t_start = time.time()
   bar = metrics_lib.progress(num_steps, start, desc)
+  ran_out = object()
+
+  def next_batch():
+    return next(batches, ran_out)
+
+  batch = next_batch() if start < num_steps else None
   with metrics_lib.MetricsWriter(metrics_path) as writer:
     for i in range(start, num_steps):
       step = i + 1
-      try:
-        batch = next(batches)
-      except StopIteration:
+      if batch is ran_out:
         bar.close()
-        raise ValueError(f"the data iterator ran out after {i} steps; training asked for {num_steps}") from None
+        raise ValueError(f"the data iterator ran out after {i} steps; training asked for {num_steps}")
       state, m = train_step(state, shard_fn(batch) if shard_fn else batch)
+      last = step == num_steps
+      ckpt_due = checkpointer is not None and (ckpt_every and step % ckpt_every == 0 or last)
+      if not last and not ckpt_due:  # the host reads the next batch while the device runs this step
+        batch = next_batch()
       m = jax.device_get(m)
       if not bool(m["finite"]):
         bar.close()
@@ -157,13 +165,12 @@ def train_loop(state: TrainState, train_step, batches: Iterator, num_steps: int,
       if i == start:
         meter.reset()  # the first step compiled; measure from here
       window.append(m)
-      last = step == num_steps
-      if ckpt_every and step % ckpt_every == 0 or last:
-        if checkpointer is not None:
-          data_state = gather_data_state(data_state_fn()) if data_state_fn else None
-          checkpointer.save(step, state, data_state=data_state,
-                            metadata=dict(metadata or {}, step=step))
-          last_ckpt = step
+      if ckpt_due:  # the data state saved is the one right after this step's batch
+        data_state = gather_data_state(data_state_fn()) if data_state_fn else None
+        checkpointer.save(step, state, data_state=data_state, metadata=dict(metadata or {}, step=step))
+        last_ckpt = step
+        if not last:
+          batch = next_batch()
       record = None
       if step % log_every == 0 or last or step == 1:
         rate = meter.rate() if i > start else float("nan")

@@ -154,6 +154,21 @@ def test_resume_from_checkpoint_equals_uninterrupted(tmp_path):
   assert [r["step"] for r in full.history] == [1, 4, 8] and full.history[0]["lr"] == pytest.approx(0.05)
 
 
+def test_next_batch_is_read_while_the_step_runs(tmp_path):
+  # Batch s + 1 is read before step s's metrics are fetched, so host data work overlaps the device step; a
+  # checkpointing step reads it only after saving, so the saved data state resumes at batch s + 1.
+  state, tx = _toy_state()
+  step = sp.jit_train_step(sp.make_train_step(_toy_loss, tx))
+  it, read = _Batches(), []
+  ckpt = Checkpointer(tmp_path / "ckpt", keep=5, async_=False)
+  loop_lib.train_loop(state, step, it, 6, checkpointer=ckpt, ckpt_every=4, eval_every=1,
+                      eval_fn=lambda params: read.append(it.i) or {})
+  assert read == [2, 3, 4, 5, 6, 6]  # batches read when step s is evaluated: s + 1, and 6 at the end
+  assert [ckpt.restore(s).data_state for s in ckpt.all_steps()] == [{"i": 4}, {"i": 6}]
+  with pytest.raises(ValueError, match="ran out after 3 steps"):
+    loop_lib.train_loop(_toy_state()[0], step, iter([next(_Batches())] * 3), 5)
+
+
 def test_metrics_jsonl_roundtrip_skips_truncated_line(tmp_path):
   path = str(tmp_path / "m.jsonl")
   with metrics_lib.MetricsWriter(path) as w:
