@@ -1,4 +1,5 @@
-"""Benchmarks against transformers (PyTorch eager) on the same weights: `train_step` and `generate`.
+"""Benchmarks against transformers (PyTorch eager) on the same weights (`train_step`, `generate`), and of the LM
+input path feeding training (`input`).
 
 MFU (PaLM, arXiv 2204.02311, appendix B) counts `transformer.flops_per_token` (6N + attention) for both
 implementations against the machine's measured peak (`jaxlab.train.metrics.peak_flops`: NumPy fp32 GEMM on
@@ -7,6 +8,7 @@ so both compute the same function; the report includes their initial losses / gr
 
   python -m experiments bench train_step [--model llama-60m --batch 8 --seq 256 --steps 3] [--out f.json]
   python -m experiments bench generate [--model llama-60m --new-tokens 128 --batches 1,8] [--out f.json]
+  python -m experiments bench input --tokenizer DIR [--corpus stdlib --batch 512 --seq 256 --read-threads 0,2,4]
 """
 from __future__ import annotations
 
@@ -185,7 +187,67 @@ def bench_generate(argv) -> dict:
   return out
 
 
+def bench_input(argv) -> dict:
+  """Packed-batch throughput of `data.lm_batches` per reader-thread count, then `train.loop.train_loop` on
+  those batches with the next batch read while the step runs (as it is) against a step that blocks before the
+  next read (host and device in series), in alternating rounds."""
+  import optax
+  from experiments.lm_pretrain import load_corpus
+  from jaxlab import data as data_lib
+  from jaxlab.train import loop as loop_lib, state as st, step as sp
+  p = _parser("input")
+  p.add_argument("--corpus", default="stdlib", help="'stdlib', a JSONL/parquet/text path or hf:NAME")
+  p.add_argument("--tokenizer", default="byte", help="'byte' or a tokenizer.json (directory)")
+  p.add_argument("--batch", type=int, default=512)
+  p.add_argument("--seq", type=int, default=256)
+  p.add_argument("--batches", type=int, default=10, help="timed batches per measurement")
+  p.add_argument("--read-threads", default="0,2,4", help="comma-separated reader-thread counts")
+  p.add_argument("--loop-steps", type=int, default=10, help="timed train steps per round (0: skip the loop)")
+  p.add_argument("--rounds", type=int, default=2)
+  args = p.parse_args(argv)
+  docs, tok = load_corpus(args.corpus), data_lib.load_tokenizer(args.tokenizer)
+  n_tok = args.batch * args.seq
+  out = {"corpus": args.corpus, "tokenizer": args.tokenizer, "batch": args.batch, "seq": args.seq,
+         "backend": jax.default_backend(), "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
+
+  def batches(threads):
+    return data_lib.lm_batches(docs, tok, args.seq, args.batch, read_threads=threads)
+
+  threads = [int(t) for t in args.read_threads.split(",")]
+  rates = {t: [] for t in threads}
+  for _ in range(args.rounds):
+    for t in threads:
+      it = batches(t)
+      next(it)  # reader threads started, prefetch buffer filling
+      times, _ = _timed(lambda: next(it), args.batches, 0)
+      rates[t].append(n_tok * args.batches / sum(times))  # a total: the window-shuffle buffer refills in bursts
+  out.update({f"input_tokens_per_s.threads_{t}": max(r) for t, r in rates.items()})
+  if args.loop_steps <= 0:
+    return out
+
+  cfg = _model_cfg(args.model, args.dtype).replace(vocab_size=max(tok.vocab_size, 8))
+  tx = optax.adamw(1e-4)
+  step = sp.jit_train_step(sp.make_train_step(sp.lm_loss_fn(cfg), tx))
+  serial = lambda state, batch: jax.block_until_ready(step(state, batch))
+  state = st.create(tfm.init(cfg, jax.random.PRNGKey(0)), tx)
+  it = batches(max(threads))
+  state = loop_lib.train_loop(state, step, it, 2, desc="compile").state
+  secs = {"overlapped": [], "serial": []}
+  for r in range(args.rounds):
+    for name in ("overlapped", "serial") if r % 2 == 0 else ("serial", "overlapped"):
+      fn, start = (step if name == "overlapped" else serial), int(state.step)
+      t0 = time.perf_counter()
+      state = jax.block_until_ready(loop_lib.train_loop(state, fn, it, start + args.loop_steps, desc=name).state)
+      secs[name].append((time.perf_counter() - t0) / args.loop_steps)
+  out.update(model=args.model, loop_step_s_overlapped=min(secs["overlapped"]), loop_step_s_serial=min(secs["serial"]),
+             loop_speedup=min(secs["serial"]) / min(secs["overlapped"]))
+  return out
+
+
 registry.register_bench("train_step", bench_train_step,
                         "llama-60m train step (fwd+bwd+AdamW) tokens/s and MFU, jaxlab vs transformers eager")
 registry.register_bench("generate", bench_generate,
                         "greedy generation tokens/s (batch 1 and 8), jaxlab.generate.sample vs HF generate")
+registry.register_bench("input", bench_input,
+                        "LM input pipeline tokens/s per reader-thread count; train loop with the next batch read "
+                        "during the step vs in series")
