@@ -90,10 +90,12 @@ def _train_torch(model, tokens, lr, steps, warmup):
   return times, first, losses[0]
 
 
-def _parser(prog: str) -> argparse.ArgumentParser:
+def _parser(prog: str, hf: bool = True) -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog=f"python -m experiments bench {prog}")
   p.add_argument("--model", default="llama-60m", help="a transformer.PRESETS name")
   p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  if not hf:
+    return p
   p.add_argument("--no-hf", action="store_true", help="skip the transformers/PyTorch side")
   p.add_argument("--threads", type=int, default=os.cpu_count(), help="torch intra-op threads")
   p.add_argument("--remeasure-peak", action="store_true",
@@ -195,7 +197,7 @@ def bench_input(argv) -> dict:
   from experiments.lm_pretrain import load_corpus
   from jaxlab import data as data_lib
   from jaxlab.train import loop as loop_lib, state as st, step as sp
-  p = _parser("input")
+  p = _parser("input", hf=False)
   p.add_argument("--corpus", default="stdlib", help="'stdlib', a JSONL/parquet/text path or hf:NAME")
   p.add_argument("--tokenizer", default="byte", help="'byte' or a tokenizer.json (directory)")
   p.add_argument("--batch", type=int, default=512)
