@@ -98,9 +98,21 @@ def test_two_processes_train_like_one(tmp_path):
 
 
 def test_launch_local_sets_env_and_propagates_failure(tmp_path):
-  script = ("import os, sys; e = os.environ; pid = int(e['JAXLAB_PROCESS_ID']); "
-            "open(os.path.join(sys.argv[1], f'p{pid}'), 'w').write(' '.join([e['JAXLAB_COORDINATOR'], "
-            "e['JAXLAB_NUM_PROCESSES'], e['XLA_FLAGS']])); sys.exit(3 if pid == 2 else 0)")
+  # Each process records its environment (written whole, then renamed); process 2 fails, but only once the
+  # others have written, since the launcher stops the rest as soon as one fails.
+  script = """if True:
+    import os, sys, time
+    e, out = os.environ, sys.argv[1]
+    pid = int(e["JAXLAB_PROCESS_ID"])
+    with open(os.path.join(out, f"tmp{pid}"), "w") as f:
+      f.write(" ".join([e["JAXLAB_COORDINATOR"], e["JAXLAB_NUM_PROCESSES"], e["XLA_FLAGS"]]))
+    os.replace(os.path.join(out, f"tmp{pid}"), os.path.join(out, f"p{pid}"))
+    if pid == 2:
+      deadline = time.time() + 50
+      while not all(os.path.exists(os.path.join(out, f"p{i}")) for i in (0, 1)) and time.time() < deadline:
+        time.sleep(0.05)
+      sys.exit(3)
+  """
   launch = os.path.join(REPO, "tpu_gpu_scripts", "launch_local.sh")
   proc = subprocess.run(["bash", launch, "-n", "3", "-d", "4", "--", sys.executable, "-c", script, str(tmp_path)],
                         capture_output=True, text=True, timeout=60)
