@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 import sysconfig
-import time
 
 import pytest
 
@@ -103,12 +102,10 @@ def test_parquet_corpus(tmp_path):
     parquet_corpus(tmp_path, column="body")
 
 
-def test_hf_corpus_offline_error_is_fast_and_local_dir_loads(tmp_path, monkeypatch):
+def test_hf_corpus_offline_error_names_the_hub_and_local_dir_loads(tmp_path, monkeypatch):
   monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-  t = time.time()
   with pytest.raises(RuntimeError, match="hub"):
     hf_corpus("some-org/some-dataset")
-  assert time.time() - t < 5
   import datasets
   datasets.Dataset.from_dict({"text": ["a", "bb", "ccc"], "n": [1, 2, 3]}).save_to_disk(str(tmp_path / "ds"))
   c = hf_corpus(str(tmp_path / "ds"))
