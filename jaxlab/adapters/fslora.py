@@ -229,10 +229,11 @@ def make_round(cfg: Config, loss_fn: Callable, server_tx: optax.GradientTransfor
 
   @jax.jit
   def round_fn(state: State, base_params, data, plan: Plan):
+    lr = cfg.round_lr(state.round)
+
     def one(cid, mask, factor, idx):
       mine = jax.tree.map(lambda x: x[cid], data)
-      new, losses = client_update(cfg, loss_fn, state.adapter, base_params, mine, mask, factor, idx,
-                                  cfg.round_lr(state.round))
+      new, losses = client_update(cfg, loss_fn, state.adapter, base_params, mine, mask, factor, idx, lr)
       return jax.tree.map(jnp.subtract, new, state.adapter), losses
 
     deltas, losses = jax.vmap(one)(plan.clients, plan.mask, plan.factor, plan.batch_idx)
