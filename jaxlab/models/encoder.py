@@ -231,18 +231,32 @@ def sentence_embedding(params, cfg: Config, tokens_BT, mask_BT=None, pooling: st
 
 
 def load_tokenizer(path: str):
-  """An HFTokenizer over `path`'s tokenizer.json whose bos / eos are the [CLS] / [SEP] tokens (from
-  tokenizer_config.json / special_tokens_map.json; "[CLS]", "[SEP]", "[PAD]" when absent), for `embed_texts`."""
-  from jaxlab.data.tokenizers import HFTokenizer, _token_content
-  folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-  special = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]"}
-  for fname in ("special_tokens_map.json", "tokenizer_config.json"):
+  """An HFTokenizer over `path`'s tokenizer.json (or that file) whose bos / eos are [CLS] / [SEP], for `embed_texts`.
+
+  The specials come from tokenizer_config.json / special_tokens_map.json beside it ("[CLS]", "[SEP]", "[PAD]",
+  "[MASK]" when absent). Fixed-length padding and truncation stored in tokenizer.json (all-MiniLM-L6-v2's pads
+  every row to 128) are switched off: they would hide the real lengths, and `embed_texts` pads and truncates.
+  """
+  import tokenizers
+  from jaxlab.data.tokenizers import HFTokenizer
+  file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+  if not os.path.isfile(file):
+    raise FileNotFoundError(f"expected a tokenizer.json file or a directory with one, found {path!r}")
+  folder = os.path.dirname(os.path.abspath(file))
+  special = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "mask_token": "[MASK]"}
+  for fname in ("special_tokens_map.json", "tokenizer_config.json"):  # later file wins
     f = os.path.join(folder, fname)
     if os.path.isfile(f):
       with open(f) as fh:
-        special.update({k: _token_content(v) for k, v in json.load(fh).items() if k in special and v})
-  return HFTokenizer.from_file(path, bos_token=special["cls_token"], eos_token=special["sep_token"],
-                               pad_token=special["pad_token"])
+        for k, v in json.load(fh).items():
+          v = v.get("content") if isinstance(v, dict) else v
+          if k in special and isinstance(v, str):
+            special[k] = v
+  tok = tokenizers.Tokenizer.from_file(file)
+  tok.no_padding()
+  tok.no_truncation()
+  return HFTokenizer(tok, bos_token=special["cls_token"], eos_token=special["sep_token"],
+                     pad_token=special["pad_token"], mask_token=special["mask_token"], name=file)
 
 
 _embed_jit = jax.jit(sentence_embedding, static_argnames=("cfg", "pooling", "normalize"))
