@@ -1,8 +1,8 @@
 """Hugging Face checkpoints <-> jaxlab (config.json + safetensors), without torch.
 
-`load(path)` reads a transformers-format directory (single or sharded safetensors, fp32/bf16/fp16) and returns
-(config, params) of the matching jaxlab family; `save(path, cfg, params)` writes a directory that
-transformers' `from_pretrained` loads. Families register themselves with `register`.
+`load(path)` reads a transformers-format directory (single or sharded safetensors, fp32/bf16/fp16), or a
+llama.cpp `.gguf` file (jaxlab.hf.gguf), and returns (config, params) of the matching jaxlab family;
+`save(path, cfg, params)` writes a directory that transformers' `from_pretrained` loads. Families register themselves with `register`.
 """
 from __future__ import annotations
 
@@ -46,7 +46,13 @@ def read_config(path: str) -> dict:
 
 
 def load(path: str, dtype=None):
-  """(cfg, params) from a transformers-format directory; `dtype` casts params (default: as stored)."""
+  """(cfg, params) from a transformers-format directory or a `.gguf` file (jaxlab.hf.gguf).
+
+  `dtype` casts params (default: as stored; float32 for GGUF, whose tensors are dequantized).
+  """
+  if os.fspath(path).endswith(".gguf"):
+    from jaxlab.hf import gguf as _gguf
+    return _gguf.load(path, dtype)
   d = read_config(path)
   if "model_type" not in d:
     raise ValueError(f"{path}/config.json has no model_type")
