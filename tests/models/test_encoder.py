@@ -11,6 +11,7 @@ from jaxlab.nn import axes
 
 CFG = encoder.Config.tiny(max_position_embeddings=32, type_vocab_size=3)
 forward = jax.jit(encoder.forward, static_argnames=("cfg", "capture"))
+sentence_embedding = jax.jit(encoder.sentence_embedding, static_argnames=("cfg", "pooling", "normalize"))
 
 
 def _randomized(params, seed=1):
@@ -68,11 +69,11 @@ def test_pooling_closed_forms(params):
                          token_types_BT=jnp.asarray(types)).last_hidden_state)
   want_mean = (h * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
   for pooling, want in (("mean", want_mean), ("cls", h[:, 0])):
-    raw = encoder.sentence_embedding(params, CFG, jnp.asarray(ids), jnp.asarray(mask), pooling, normalize=False,
-                                     token_types_BT=jnp.asarray(types))
+    raw = sentence_embedding(params, CFG, jnp.asarray(ids), jnp.asarray(mask), pooling, normalize=False,
+                             token_types_BT=jnp.asarray(types))
     np.testing.assert_allclose(raw, want, rtol=1e-5, atol=1e-6)
-    unit = encoder.sentence_embedding(params, CFG, jnp.asarray(ids), jnp.asarray(mask), pooling,
-                                      token_types_BT=jnp.asarray(types))
+    unit = sentence_embedding(params, CFG, jnp.asarray(ids), jnp.asarray(mask), pooling,
+                              token_types_BT=jnp.asarray(types))
     np.testing.assert_allclose(unit, want / np.linalg.norm(want, axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
 
 
@@ -144,10 +145,10 @@ def test_embed_texts_equals_unpadded_rows(params, word_tokenizer):
   assert got.shape == (len(texts), CFG.d_model)
   for text, g in zip(texts, got):
     ids = [2] + [int(w[1:]) + 5 for w in text.split()] + [3]
-    want = encoder.sentence_embedding(params, CFG, jnp.asarray([ids]))
+    want = sentence_embedding(params, CFG, jnp.asarray([ids]))
     np.testing.assert_allclose(g, want[0], atol=1e-5)
   cut = encoder.embed_texts(params, CFG, tok, texts[2:3], max_length=4, pooling="cls")
-  want = encoder.sentence_embedding(params, CFG, jnp.asarray([[2, 10, 11, 3]]), pooling="cls")
+  want = sentence_embedding(params, CFG, jnp.asarray([[2, 10, 11, 3]]), pooling="cls")
   np.testing.assert_allclose(cut, want, atol=1e-5)
 
 
