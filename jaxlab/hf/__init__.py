@@ -91,3 +91,6 @@ from jaxlab.hf import decoder as _decoder  # noqa: E402
 register(_decoder.FAMILY)
 from jaxlab.hf import vision as _vision  # noqa: E402,F401  (registers its families on import)
 from jaxlab.hf import llada as _llada  # noqa: E402,F401  (registers the LLaDA and Dream families)
+from jaxlab.hf import encoder as _encoder  # noqa: E402
+
+register(_encoder.FAMILY)
