@@ -9,16 +9,24 @@ ShapeDtypeStructs carrying the new shardings (e.g. `jaxlab.sharding.sharded_shap
 
 Saving never replaces an existing step (CheckpointExistsError); old steps beyond `keep` are removed by the
 retention policy. `restore_latest` (what `--resume` uses) falls back past a newest checkpoint that is
-partial or unreadable, logging a warning naming it, and moves such checkpoints aside to `S.corrupt`.
+partial, unreadable, non-finite or of another shape/dtype than the model, logging one warning line naming it,
+and moves such checkpoints aside to `S.corrupt`.
 """
 from __future__ import annotations
 
 import base64
+import contextlib
+import gc
 import json
 import logging
+import os
+import sys
+import tempfile
+import time
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 
@@ -30,6 +38,10 @@ _TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 class CheckpointExistsError(FileExistsError):
   """Saving a step that already has a checkpoint (complete or not)."""
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be used: it does not match the target, holds non-finite values, or none restores."""
 
 
 class Restored(NamedTuple):
@@ -64,6 +76,74 @@ def _decode_data(item: dict):
   raise ValueError(f"unknown data_state kind {kind!r} in checkpoint")
 
 
+def _one_line(e: Exception, limit: int = 300) -> str:
+  text = " ".join(str(e).split())
+  return f"{type(e).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
+
+
+def _key_str(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path)
+
+
+def _check_matches(state_dir, target) -> None:
+  """Raises CheckpointError naming the first leaf whose saved shape or dtype differs from `target`'s."""
+  saved = ocp.StandardCheckpointHandler().metadata(state_dir)
+  saved = dict((_key_str(p), m) for p, m in jax.tree.leaves_with_path(getattr(saved, "tree", saved)))
+  want = dict((_key_str(p), t) for p, t in jax.tree.leaves_with_path(target))
+  if set(saved) != set(want):
+    extra, missing = sorted(set(saved) - set(want)), sorted(set(want) - set(saved))
+    raise CheckpointError(f"{state_dir.parent}: saved state has a different tree (only in the checkpoint: "
+                          f"{extra[:5]}, only in the model: {missing[:5]})")
+  for key, t in want.items():
+    m = saved[key]
+    shape, dtype = getattr(m, "shape", None), getattr(m, "dtype", None)
+    if shape is None or not hasattr(t, "shape") or jax.dtypes.issubdtype(t.dtype, jax.dtypes.prng_key):
+      continue
+    if tuple(shape) != tuple(t.shape) or jnp.dtype(dtype) != jnp.dtype(t.dtype):
+      raise CheckpointError(f"{state_dir.parent}: {key} is saved as {jnp.dtype(dtype).name}"
+                            f"{list(shape)}, expected {jnp.dtype(t.dtype).name}{list(t.shape)}")
+
+
+def _check_finite(path, state) -> None:
+  for p, x in jax.tree.leaves_with_path(state):
+    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact):
+      if not bool(jnp.isfinite(x).all()):
+        raise CheckpointError(f"{path}: {_key_str(p)} holds non-finite values")
+
+
+@contextlib.contextmanager
+def _quiet_orbax(settle_s: float = 0.3):
+  """Silences orbax/absl logging and the tracebacks its I/O threads print to fd 2 after a failed read.
+
+  On success whatever was captured is written back to stderr; on failure it is dropped (the caller
+  reports the error in one line). Late messages from cancelled reads arrive within `settle_s`.
+  """
+  loggers = [logging.getLogger(n) for n in ("absl", "orbax")]
+  levels = [lg.level for lg in loggers]
+  sys.stderr.flush()
+  saved_fd = os.dup(2)
+  with tempfile.TemporaryFile() as sink:
+    os.dup2(sink.fileno(), 2)
+    failed = True
+    try:
+      for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+      yield
+      failed = False
+    finally:
+      if failed:
+        time.sleep(settle_s)
+        gc.collect()  # un-awaited read coroutines of the failed restore report themselves when collected
+      sys.stderr.flush()
+      os.dup2(saved_fd, 2)
+      os.close(saved_fd)
+      for lg, lv in zip(loggers, levels):
+        lg.setLevel(lv)
+      if not failed:
+        sink.seek(0)
+        sys.stderr.write(sink.read().decode(errors="replace"))
+
+
 def _abstract(x):
   if isinstance(x, jax.Array):
     return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
@@ -74,7 +154,8 @@ class Checkpointer:
   """Saves and restores train state + data-iterator state under one directory.
 
   Args:
-    directory: root directory (local path or any path orbax/epath supports, e.g. gs://).
+    directory: root directory (a local path, relative ones taken from the working directory, or any path
+      orbax/epath supports, e.g. gs://).
     keep: how many most recent checkpoints to keep (None: all).
     async_: write in a background thread; `save` returns once arrays are copied to host memory.
   """
@@ -82,6 +163,8 @@ class Checkpointer:
   def __init__(self, directory, keep: int | None = 3, async_: bool = True):
     if keep is not None and keep < 1:
       raise ValueError(f"keep must be >= 1 or None, found {keep}")
+    if "://" not in str(directory):  # orbax refuses relative local paths
+      directory = os.path.abspath(directory)
     self.directory = epath.Path(directory)
     if self.directory.exists():
       leftovers = [p.name for p in self.directory.iterdir() if _TMP_SUFFIX in p.name]
@@ -155,47 +238,47 @@ class Checkpointer:
     if not self.is_complete(path):
       raise ValueError(f"checkpoint {path} is incomplete (no {COMMIT_MARKER})")
     target = None if target is None else jax.tree.map(_abstract, target)
+    if target is not None:
+      _check_matches(path / "state", target)
     out = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                                              data=ocp.args.JsonRestore(),
                                                              metadata=ocp.args.JsonRestore()))
+    _check_finite(path, out["state"])
     return Restored(step, out["state"], _decode_data(out["data"]), out["metadata"] or {})
 
   def restore_latest(self, target=None, *, set_aside: bool = True) -> Restored | None:
     """`--resume`: the newest checkpoint that restores, or None when the directory has none.
 
-    A newer checkpoint that is partial (no commit marker) or fails to restore is reported with
-    logging.warning and skipped. Once an older one restores, the skipped ones are renamed to
-    `S.corrupt` (when `set_aside`) so training can save those steps again. If none restores, the
-    newest error is raised and nothing is renamed.
+    A newer checkpoint that is partial (no commit marker), does not match `target` (tree, shapes, dtypes),
+    holds non-finite values or fails to restore is reported with one logging.warning line and skipped
+    (orbax's own error output for it is swallowed). Once an older one restores, the skipped ones are renamed
+    to `S.corrupt` (when `set_aside`) so training can save those steps again. If none restores,
+    CheckpointError lists every step with its reason and nothing is renamed.
 
     Args:
       target: as in `restore`.
       set_aside: rename skipped checkpoints out of the way after a successful fallback.
     """
     self.wait()
-    skipped, first_error = [], None
+    skipped, reasons = [], []
     for step, path in sorted(self._step_dirs().items(), reverse=True):
       if not self.is_complete(path):
-        log.warning("checkpoint %s is partial (no %s); falling back to the previous one", path,
-                        COMMIT_MARKER)
-        skipped.append(path)
-        continue
-      try:
-        restored = self.restore(step, target)
-      except Exception as e:  # noqa: BLE001  (any failure to read means this checkpoint is unusable)
-        log.warning("checkpoint %s failed to restore (%s: %s); falling back to the previous one", path,
-                        type(e).__name__, str(e)[:500])
-        skipped.append(path)
-        first_error = first_error or e
-        continue
-      if set_aside and skipped:
-        self._set_aside(skipped)
-      return restored
-    if first_error is not None:
-      raise first_error
-    if skipped:
-      raise FileNotFoundError(f"no complete checkpoint in {self.directory}, only partial ones: "
-                              f"{[str(p) for p in skipped]}")
+        reason = f"partial (no {COMMIT_MARKER})"
+      else:
+        try:
+          with _quiet_orbax():
+            restored = self.restore(step, target)
+        except Exception as e:  # noqa: BLE001  (any failure to read means this checkpoint is unusable)
+          reason = _one_line(e)
+        else:
+          if set_aside and skipped:
+            self._set_aside(skipped)
+          return restored
+      log.warning("checkpoint %s is unusable (%s); falling back to the previous one", path, reason)
+      skipped.append(path)
+      reasons.append(f"step {step}: {reason}")
+    if reasons:
+      raise CheckpointError(f"no checkpoint in {self.directory} restores: {'; '.join(reasons)}")
     return None
 
   def _set_aside(self, paths):

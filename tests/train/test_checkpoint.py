@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxlab import sharding
-from jaxlab.train.checkpoint import COMMIT_MARKER, CheckpointExistsError, Checkpointer
+from jaxlab.train.checkpoint import COMMIT_MARKER, CheckpointError, CheckpointExistsError, Checkpointer
 
 # orbax leaves a read coroutine un-awaited when a damaged array fails to load (collected in a later test)
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -175,3 +175,47 @@ def test_resume_with_nothing_or_a_bad_target(tmp_path):
   with pytest.raises(Exception):
     ck.restore_latest(target=wrong)
   assert (tmp_path / "1").exists() and ck.all_steps() == [1]
+
+
+def test_relative_directory_saves_and_restores(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  ck = Checkpointer(os.path.join("runs", "x", "checkpoints"))  # orbax itself refuses relative paths
+  ck.save(3, make_state(3))
+  ck.wait()
+  assert ck.directory.is_absolute() and (tmp_path / "runs" / "x" / "checkpoints" / "3" / COMMIT_MARKER).exists()
+  assert_bitwise_equal(Checkpointer("runs/x/checkpoints").restore(target=make_state(0)).state, make_state(3))
+
+
+def test_non_finite_or_mistyped_weights_are_refused(tmp_path):
+  ck = Checkpointer(tmp_path, keep=None)
+  good = make_state(1)
+  ck.save(1, good)
+  nan = jax.tree.map(lambda x: x, good)
+  nan["params"]["w"] = good["params"]["w"].at[3, 4].set(jnp.nan)
+  ck.save(2, nan)
+  ints = dict(good, params={"w": good["params"]["w"].astype(jnp.int32), "b": good["params"]["b"]})
+  ck.save(3, ints)
+  ck.wait()
+  with pytest.raises(CheckpointError, match=r"params/w is saved as int32\[64, 16\], expected float32\[64, 16\]"):
+    ck.restore(3, target=make_state(0))
+  with pytest.raises(CheckpointError, match="params/w holds non-finite values"):
+    ck.restore(2, target=make_state(0))
+  out = ck.restore_latest(target=make_state(0))
+  assert out.step == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["1", "2.corrupt", "3.corrupt"]
+  assert_bitwise_equal(out.state, good)
+
+
+def test_fallback_is_quiet_and_total_failure_lists_every_step(tmp_path, capfd):
+  ck = Checkpointer(tmp_path, keep=3)
+  for step in (1, 2):
+    ck.save(step, make_state(step))
+  ck.wait()
+  os.remove(_largest_file(tmp_path / "2" / "state"))
+  assert Checkpointer(tmp_path).restore_latest(target=make_state(0)).step == 1
+  err = capfd.readouterr().err
+  assert "Traceback" not in err and "ERROR" not in err  # orbax's own noise for the damaged step is swallowed
+  os.remove(_largest_file(tmp_path / "1" / "state"))
+  (tmp_path / "2.corrupt").rename(tmp_path / "2")
+  with pytest.raises(CheckpointError, match=r"no checkpoint in .* restores: step 2: .*; step 1: "):
+    Checkpointer(tmp_path).restore_latest(target=make_state(0))
+  assert Checkpointer(tmp_path).all_steps() == [1, 2]  # nothing renamed when nothing restores
