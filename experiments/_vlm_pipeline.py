@@ -90,7 +90,7 @@ def _fit(name, loss_fn, params, tx, batches, steps, out_dir, log_every, seed, sc
   res = loop_lib.train_loop(state, step, batches, steps, metrics_path=path, log_every=log_every, desc=name)
   with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
     for r in metrics_lib.read_jsonl(path):
-      f.write(json.dumps({"stage": name, **r}) + "\n")
+      f.write(metrics_lib.json_line({"stage": name, **r}))
   return res.state.params, res.history
 
 

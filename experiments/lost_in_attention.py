@@ -36,6 +36,7 @@ from experiments import _vlm_pipeline as pipe, registry
 from jaxlab.data import scenes as scenes_lib
 from jaxlab.interp import geometry
 from jaxlab.models import vlm
+from jaxlab.train import metrics as metrics_lib
 
 IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIP's
 IMAGE_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -229,8 +230,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     _plots(out_dir, geo, acc_layers, acc)
     with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
       for l in range(n_layers):
-        f.write(json.dumps({"layer": l, **{f"{k}.{m}": float(geo[m][k][l].mean()) for m in MODULES
-                                           for k in geometry.METRICS}}) + "\n")
+        f.write(metrics_lib.json_line({"layer": l, **{f"{k}.{m}": float(geo[m][k][l].mean()) for m in MODULES
+                                                     for k in geometry.METRICS}}))
   return res
 
 

@@ -396,7 +396,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
       for name in cfg.optimizers:
         for r in metrics_lib.read_jsonl(os.path.join(out_dir, name, "metrics.jsonl")):
-          f.write(json.dumps({"optimizer": name, **r}) + "\n")
+          f.write(metrics_lib.json_line({"optimizer": name, **r}))
     registry.plot_curves(os.path.join(out_dir, "val_loss.png"), curves, ylabel="validation loss",
                          title=f"{tfm.num_params(shapes):,} params, {results['tokens']:,} tokens per optimizer")
     _write_table(os.path.join(out_dir, "table.md"), cfg, plan, summaries, state_bytes, ratios)

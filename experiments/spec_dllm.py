@@ -41,6 +41,7 @@ from jaxlab import hf
 from jaxlab.generate import diffusion, speculative
 from jaxlab.hf import llada as _llada  # noqa: F401  (registers the LLaDA/Dream checkpoint family)
 from jaxlab.models import mdm
+from jaxlab.train import metrics as metrics_lib
 from jaxlab.train.checkpoint import Checkpointer
 
 METHODS = ("vanilla", "fast_dllm", "fast_dllm_dual_cache", "speculative", "speculative_exact",
@@ -189,7 +190,7 @@ def train(cfg: Config, out_dir: str, resume: bool):
     tokens = np.concatenate([prompts, answers], axis=1)
     state, loss = step(state, tokens, plen, jax.random.fold_in(jax.random.key(cfg.seed + 1), s))
     if (s + 1) % cfg.log_every == 0 or s + 1 == cfg.train_steps:
-      log.write(json.dumps({"step": s + 1, "loss": float(loss), "elapsed_s": round(time.time() - t0, 2)}) + "\n")
+      log.write(metrics_lib.json_line({"step": s + 1, "loss": float(loss), "elapsed_s": round(time.time() - t0, 2)}))
       log.flush()
     if ckpt is not None and (s + 1) % cfg.ckpt_every == 0:
       ckpt.save(s + 1, state)

@@ -191,7 +191,10 @@ def train_loop(state: TrainState, train_step, batches: Iterator, num_steps: int,
         history.append(record)
         bar.set_postfix({k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "val_loss", "tokens_per_s")},
                         refresh=False)
-      bar.update(1)
+      if last:
+        bar.n = step  # close() draws the final line; update() would draw it once more
+      else:
+        bar.update(1)
   bar.close()
   if start >= num_steps and eval_fn is not None:  # resumed a finished run: report its evaluation again
     last_eval = {k: float(v) for k, v in eval_fn(state.params).items()}

@@ -3,11 +3,12 @@
 Model FLOPs utilization (MFU) is achieved model FLOP/s over the hardware peak, as defined in PaLM
 (arXiv 2204.02311, appendix B). The peak is measured, not looked up: on CPU it is the best NumPy (BLAS) fp32
 GEMM rate on this machine, on accelerators the best jitted bf16 matmul rate of one device times the device
-count. The measurement runs once and is cached in memory and on disk (keyed by host, CPU count and backend;
-one taken on a busy machine is repeated later and the maximum kept); JAXLAB_PEAK_FLOPS overrides it.
+count. The measurement runs once per machine and is cached on disk (keyed by host, CPU count and backend,
+with its date), so MFU is comparable across runs; JAXLAB_PEAK_FLOPS overrides it.
 """
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import math
@@ -62,38 +63,46 @@ def _load() -> float:
 
 @functools.lru_cache(maxsize=None)
 def peak_flops() -> float:
-  """The machine's peak matmul FLOP/s: measured once per machine, then read from the cache.
+  """The machine's peak matmul FLOP/s: measured once per machine, then always read from the cache.
 
-  A measurement taken while the machine was busy (1-minute load above half the CPU count) is provisional:
-  later calls measure again and keep the maximum, until one is taken on a quiet machine.
+  The cache entry records when it was measured and the 1-minute load average at the time, so MFU figures of
+  different runs on one machine share one denominator. JAXLAB_PEAK_FLOPS overrides it; `remeasure_peak_flops`
+  replaces the cached value (e.g. once the machine is quiet).
   """
   if os.environ.get("JAXLAB_PEAK_FLOPS"):
     return float(os.environ["JAXLAB_PEAK_FLOPS"])
-  key = _key()
-  try:
-    with open(_CACHE) as f:
-      cached = json.load(f)
-  except (OSError, ValueError):
-    cached = {}
-  entry = cached.get(key)
+  entry = _read_cache().get(_key())
   if isinstance(entry, (int, float)):
-    entry = {"flops": float(entry), "quiet": False}
-  if isinstance(entry, dict) and entry.get("flops", 0) > 0 and entry.get("quiet"):
+    entry = {"flops": float(entry)}
+  if isinstance(entry, dict) and entry.get("flops", 0) > 0:
     return float(entry["flops"])
-  quiet = _load() <= 0.5 * (os.cpu_count() or 1)
+  return remeasure_peak_flops()
+
+
+def remeasure_peak_flops() -> float:
+  """Measures the peak now and stores it (with the date and load average) as this machine's cached value."""
   value = measure_numpy_gemm_flops() if jax.default_backend() == "cpu" else measure_device_matmul_flops()
-  if isinstance(entry, dict) and entry.get("flops", 0) > value:
-    value = float(entry["flops"])
+  cached = _read_cache()
+  cached[_key()] = {"flops": value, "measured": datetime.date.today().isoformat(), "load": round(_load(), 2)}
   try:
     os.makedirs(os.path.dirname(_CACHE), exist_ok=True)
-    cached[key] = {"flops": value, "quiet": quiet}
     tmp = f"{_CACHE}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
       json.dump(cached, f, indent=1)
     os.replace(tmp, _CACHE)
   except OSError:
     pass
+  peak_flops.cache_clear()
   return value
+
+
+def _read_cache() -> dict:
+  try:
+    with open(_CACHE) as f:
+      cached = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  return cached if isinstance(cached, dict) else {}
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak: float | None = None) -> float:
@@ -115,7 +124,7 @@ class MetricsWriter:
   def write(self, record: dict) -> None:
     if self._f is None:
       return
-    self._f.write(json.dumps({k: _plain(v) for k, v in record.items()}) + "\n")
+    self._f.write(json_line(record))
     self._f.flush()
 
   def close(self) -> None:
@@ -134,21 +143,30 @@ def _plain(v):
   if isinstance(v, (np.generic, np.ndarray, jax.Array)):
     v = np.asarray(v).tolist()
   if isinstance(v, float) and not math.isfinite(v):
-    return str(v)
+    return None
   return v
 
 
+def json_line(record: dict) -> str:
+  """One metrics.jsonl line: strict JSON, arrays as lists, non-finite numbers as null."""
+  return json.dumps({k: _plain(v) for k, v in record.items()}, allow_nan=False) + "\n"
+
+
 def read_jsonl(path: str) -> list[dict]:
-  """The records of a metrics.jsonl (a truncated last line from a killed run is skipped)."""
+  """The records of a metrics.jsonl (a truncated last line from a killed run is skipped).
+
+  metrics.jsonl is strict JSON: a non-finite number is written as null, and read back here as NaN.
+  """
   out = []
   if not os.path.exists(path):
     return out
   with open(path) as f:
     for line in f:
       try:
-        out.append(json.loads(line))
+        record = json.loads(line)
       except ValueError:
         continue
+      out.append({k: math.nan if v is None else v for k, v in record.items()})
   return out
 
 
