@@ -3,6 +3,9 @@
 Both share one interface: `vocab_size`, `bos_id`/`eos_id`/`pad_id`/`mask_id`, `encode(text, add_bos, add_eos)`,
 `decode(ids, skip_special)` and `encode_batch(...) -> Encoded(ids, attention_mask)` (numpy int32, [B, L]).
 Byte-level modelling as in ByT5 (arXiv:2105.13626): ids 0..255 are the UTF-8 bytes, special tokens follow.
+`load(path)` reads a GGUF file's vocabulary (jaxlab.data.gguf_vocab), a tokenizer.json or a transformers
+directory; `HFTokenizer.apply_chat_template` renders the model's Jinja chat template in a sandbox, as
+transformers' `apply_chat_template` does (same environment options, globals and template variables).
 """
 from __future__ import annotations
 
@@ -38,14 +41,18 @@ class _Tokenizer:
 
   def _wrap(self, ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
     if add_bos:
-      if self.bos_id is None:
-        raise ValueError(f"add_bos=True but {type(self).__name__} has no bos token")
-      ids = [self.bos_id] + ids
+      ids = [self.require("bos", "add_bos=True")] + ids
     if add_eos:
-      if self.eos_id is None:
-        raise ValueError(f"add_eos=True but {type(self).__name__} has no eos token")
-      ids = ids + [self.eos_id]
+      ids = ids + [self.require("eos", "add_eos=True")]
     return ids
+
+  def require(self, kind: str, why: str) -> int:
+    """The id of special token `kind` ("bos", "eos", "pad", "mask"); a clear error naming `why` when absent."""
+    i = getattr(self, f"{kind}_id")
+    if i is None:
+      raise ValueError(f"{why} needs the {kind} token, but {self!r} has no {kind} token "
+                       f"(set {kind}_token in tokenizer_config.json or pass {kind}_token=...)")
+    return i
 
   def _encode_many(self, texts: Sequence[str], add_bos: bool, add_eos: bool) -> list[list[int]]:
     return [self.encode(t, add_bos, add_eos) for t in texts]
@@ -155,10 +162,12 @@ class HFTokenizer(_Tokenizer):
   """
 
   def __init__(self, tokenizer, *, bos_token: str | None = None, eos_token: str | None = None,
-               pad_token: str | None = None, mask_token: str | None = None,
-               clean_up_tokenization_spaces: bool = False, name: str = "hf"):
+               pad_token: str | None = None, mask_token: str | None = None, unk_token: str | None = None,
+               clean_up_tokenization_spaces: bool = False, chat_template: str | None = None, name: str = "hf"):
     self._tok = tokenizer
     self.name = name
+    self.chat_template = chat_template
+    self.unk_token = unk_token
     self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
     self.bos_token, self.eos_token, self.pad_token, self.mask_token = bos_token, eos_token, pad_token, mask_token
     self.bos_id, self.eos_id, self.pad_id, self.mask_id = (
@@ -182,8 +191,8 @@ class HFTokenizer(_Tokenizer):
 
     Args:
       path: a tokenizer.json file or a directory containing one.
-      **overrides: bos_token / eos_token / pad_token / mask_token / clean_up_tokenization_spaces, taking
-        precedence over tokenizer_config.json and special_tokens_map.json.
+      **overrides: bos_token / eos_token / pad_token / mask_token / unk_token / clean_up_tokenization_spaces /
+        chat_template, taking precedence over tokenizer_config.json and special_tokens_map.json.
     """
     import tokenizers
     path = os.fspath(path)
@@ -195,12 +204,59 @@ class HFTokenizer(_Tokenizer):
     for fname in ("special_tokens_map.json", "tokenizer_config.json"):  # later file wins
       fpath = os.path.join(folder, fname)
       if os.path.isfile(fpath):
-        with open(fpath) as f:
-          cfg.update(json.load(f))
-    kw = {k: _token_content(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "mask_token")}
+        cfg.update(_read_json(fpath))
+    kw = {k: _token_content(cfg.get(k)) for k in ("bos_token", "eos_token", "pad_token", "mask_token", "unk_token")}
     kw["clean_up_tokenization_spaces"] = bool(cfg.get("clean_up_tokenization_spaces", False))
+    kw["chat_template"] = _chat_template(cfg.get("chat_template"), folder)
     kw.update(overrides)
-    return cls(tokenizers.Tokenizer.from_file(file), name=file, **kw)
+    text = _read_text(file)
+    try:
+      json.loads(text)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{file}: not valid JSON ({e})") from e
+    try:
+      tok = tokenizers.Tokenizer.from_str(text)
+    except Exception as e:  # tokenizers raises a bare Exception for a schema mismatch
+      raise ValueError(f"{file}: valid JSON, but not a tokenizers tokenizer.json (its structure does not match "
+                       f"the schema: {e})") from e
+    tok.no_padding()  # a fixed padding/truncation saved in the file is for batches; encode_batch pads here
+    tok.no_truncation()
+    return cls(tok, name=file, **kw)
+
+  @classmethod
+  def from_gguf(cls, path, **overrides) -> "HFTokenizer":
+    """The byte-level BPE tokenizer (and chat template) stored in a GGUF file's metadata."""
+    from jaxlab.data import gguf_vocab
+    path = os.fspath(path)
+    tok, specials, template = gguf_vocab.build(gguf_vocab.read_metadata(path), path)
+    kw = {**specials, "chat_template": template, **overrides}
+    return cls(tok, name=path, **kw)
+
+  def apply_chat_template(self, messages, *, add_generation_prompt: bool = False, tokenize: bool = False,
+                          chat_template: str | None = None, **kwargs):
+    """Renders `messages` with the model's chat template, as transformers' `apply_chat_template` does.
+
+    Args:
+      messages: a list of {"role": ..., "content": ...} dicts.
+      add_generation_prompt: append the template's assistant-turn opener.
+      tokenize: return token ids (`encode` of the rendered text, no bos/eos added) instead of the string.
+      chat_template: a template overriding the one stored with the tokenizer.
+      **kwargs: extra template variables (tools, documents, ...); they override the special tokens.
+    """
+    template = chat_template or self.chat_template
+    if template is None:
+      raise ValueError(f"{self!r} has no chat template (none in tokenizer_config.json, chat_template.jinja or "
+                       "the GGUF metadata); pass chat_template=...")
+    if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) and "role" in m for m in messages):
+      raise TypeError(f"messages must be a list of {{'role', 'content'}} dicts, found {messages!r:.120}")
+    variables = {k: v for k, v in (("bos_token", self.bos_token), ("eos_token", self.eos_token),
+                                   ("unk_token", self.unk_token), ("pad_token", self.pad_token),
+                                   ("mask_token", self.mask_token)) if v is not None}
+    kwargs.setdefault("tools", None)
+    kwargs.setdefault("documents", None)
+    text = _compile_template(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                              **{**variables, **kwargs})
+    return self.encode(text) if tokenize else text
 
   def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
     if not isinstance(text, str):
@@ -222,8 +278,82 @@ class HFTokenizer(_Tokenizer):
     return text
 
 
+def _read_text(path: str) -> str:
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text ({e})") from e
+
+
+def _read_json(path: str) -> dict:
+  try:
+    d = json.loads(_read_text(path))
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e})") from e
+  if not isinstance(d, dict):
+    raise ValueError(f"{path}: expected a JSON object, found {type(d).__name__}")
+  return d
+
+
+def _chat_template(value, folder: str) -> str | None:
+  """tokenizer_config.json's chat_template (a string, or a list of named templates), else chat_template.jinja."""
+  if isinstance(value, list):
+    named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+    value = named.get("default", next(iter(named.values()), None))
+  if value is None and os.path.isfile(os.path.join(folder, "chat_template.jinja")):
+    value = _read_text(os.path.join(folder, "chat_template.jinja"))
+  return value
+
+
+_TEMPLATES: dict = {}
+
+
+def _compile_template(source: str):
+  """A Jinja template in an immutable sandbox with transformers' options (trim_blocks, lstrip_blocks,
+  loopcontrols) and globals (raise_exception, strftime_now, a non-escaping tojson)."""
+  if source in _TEMPLATES:
+    return _TEMPLATES[source]
+  import datetime
+
+  import jinja2
+  import jinja2.ext
+  from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+  def raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+  def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+  env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+  env.filters["tojson"] = tojson
+  env.globals.update(raise_exception=raise_exception,
+                     strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
+  _TEMPLATES[source] = env.from_string(source)
+  return _TEMPLATES[source]
+
+
+def load(path, **kwargs) -> "HFTokenizer":
+  """The tokenizer of a model: a `.gguf` file, a `tokenizer.json`, or a transformers directory.
+
+  Args:
+    path: the file or directory.
+    **kwargs: special-token / chat-template overrides (see HFTokenizer.from_file).
+  """
+  p = os.fspath(path)
+  if p.endswith(".gguf"):
+    return HFTokenizer.from_gguf(p, **kwargs)
+  if os.path.isdir(p) and not os.path.isfile(os.path.join(p, "tokenizer.json")):
+    ggufs = sorted(f for f in os.listdir(p) if f.endswith(".gguf"))
+    if len(ggufs) == 1:
+      return HFTokenizer.from_gguf(os.path.join(p, ggufs[0]), **kwargs)
+    raise FileNotFoundError(f"{p}: expected tokenizer.json (or one .gguf file), found {sorted(os.listdir(p))[:10]}")
+  return HFTokenizer.from_file(p, **kwargs)
+
+
 def load_tokenizer(path_or_name, **kwargs):
-  """"byte" (or "byte+mask") -> ByteTokenizer; a directory / tokenizer.json path -> HFTokenizer.
+  """"byte" (or "byte+mask") -> ByteTokenizer; a directory / tokenizer.json / .gguf path -> HFTokenizer.
 
   Args:
     path_or_name: the tokenizer spec; an already built tokenizer is returned unchanged.
@@ -238,6 +368,8 @@ def load_tokenizer(path_or_name, **kwargs):
     if (os.path.isdir(p) and os.path.isfile(os.path.join(p, "tokenizer.json"))) or (
         os.path.isfile(p) and p.endswith(".json")):
       return HFTokenizer.from_file(p, **kwargs)
+    if os.path.isfile(p) and p.endswith(".gguf"):
+      return HFTokenizer.from_gguf(p, **kwargs)
   raise ValueError(
       f"load_tokenizer expected 'byte', 'byte+mask', a directory containing tokenizer.json or a path to a "
-      f"tokenizer.json file; found {path_or_name!r} (hub names are not resolved here: download the files first)")
+      f"tokenizer.json or .gguf file; found {path_or_name!r} (hub names are not resolved here: download the files first)")
