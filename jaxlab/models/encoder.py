@@ -285,15 +285,17 @@ def embed_texts(params, cfg: Config, tokenizer, texts: Sequence[str], *, batch_s
     raise ValueError(f"max_length must be in [2, {cfg.max_position_embeddings}], found {max_length}")
   if batch_size <= 0:
     raise ValueError(f"batch_size must be positive, found {batch_size}")
-  out = []
-  for s in range(0, len(texts), batch_size):
-    enc = tokenizer.encode_batch(list(texts[s:s + batch_size]))
-    n_B = np.minimum(enc.attention_mask.sum(1), max_length - 2)
-    t = min(-(-(int(n_B.max(initial=0)) + 2) // pad_multiple) * pad_multiple, cfg.max_position_embeddings)
-    ids = np.full((len(n_B), t), tokenizer.batch_pad_id, np.int32)
-    mask = np.zeros((len(n_B), t), np.int32)
-    for b, n in enumerate(n_B):
-      ids[b, :n + 2] = [tokenizer.bos_id, *enc.ids[b, :n], tokenizer.eos_id]
-      mask[b, :n + 2] = 1
-    out.append(np.asarray(_embed_jit(params, cfg, jnp.asarray(ids), jnp.asarray(mask), pooling, normalize)))
-  return np.concatenate(out) if out else np.zeros((0, cfg.d_model), np.float32)
+  enc = tokenizer.encode_batch(list(texts))  # right-padded: row b's tokens are its first mask.sum() ids
+  rows = [ids[:min(n, max_length - 2)] for ids, n in zip(enc.ids.tolist(), enc.attention_mask.sum(1).tolist())]
+  order = sorted(range(len(rows)), key=lambda r: -len(rows[r]))  # similar lengths share a batch: less padding
+  out = np.zeros((len(rows), cfg.d_model), np.float32)
+  for s in range(0, len(rows), batch_size):
+    idx = order[s:s + batch_size]
+    t = min(-(-(len(rows[idx[0]]) + 2) // pad_multiple) * pad_multiple, cfg.max_position_embeddings)
+    ids = np.full((len(idx), t), tokenizer.batch_pad_id, np.int32)
+    mask = np.zeros((len(idx), t), np.int32)
+    for b, r in enumerate(idx):
+      ids[b, :len(rows[r]) + 2] = [tokenizer.bos_id, *rows[r], tokenizer.eos_id]
+      mask[b, :len(rows[r]) + 2] = 1
+    out[idx] = np.asarray(_embed_jit(params, cfg, jnp.asarray(ids), jnp.asarray(mask), pooling, normalize))
+  return out
