@@ -26,8 +26,15 @@ SPLITS = {
 CONTROL, USER_DEFINED = 3, 4
 
 
-def read_metadata(path) -> dict:
-  """Every key/value of a GGUF file's metadata (arrays as lists), read through the `gguf` package."""
+def read_metadata(path, reader=None) -> dict:
+  """Every key/value of a GGUF file's metadata (arrays as lists), read through the `gguf` package.
+
+  Args:
+    path: the .gguf file.
+    reader: an already open `gguf.GGUFReader` of `path` (parsing one takes seconds for a 49k vocabulary).
+  """
+  if reader is not None:
+    return {k: f.contents() for k, f in reader.fields.items() if f.types and not k.startswith("GGUF.")}
   try:
     import gguf
   except ImportError as e:
@@ -42,7 +49,7 @@ def read_metadata(path) -> dict:
   except (ValueError, IndexError, KeyError, OverflowError, TypeError) as e:
     raise ValueError(f"{path}: GGUF metadata unreadable in a file of {os.path.getsize(path)} bytes "
                      f"(truncated or corrupt?): {e}") from e
-  return {k: f.contents() for k, f in reader.fields.items() if f.types and not k.startswith("GGUF.")}
+  return read_metadata(path, reader)
 
 
 def build(md: dict, source: str = "gguf"):

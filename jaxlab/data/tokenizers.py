@@ -224,11 +224,17 @@ class HFTokenizer(_Tokenizer):
     return cls(tok, name=file, **kw)
 
   @classmethod
-  def from_gguf(cls, path, **overrides) -> "HFTokenizer":
-    """The byte-level BPE tokenizer (and chat template) stored in a GGUF file's metadata."""
+  def from_gguf(cls, path, reader=None, **overrides) -> "HFTokenizer":
+    """The byte-level BPE tokenizer (and chat template) stored in a GGUF file's metadata.
+
+    Args:
+      path: the .gguf file.
+      reader: an open `gguf.GGUFReader` of it, to share one parse with the weight loader.
+      **overrides: special tokens / chat_template replacing the file's.
+    """
     from jaxlab.data import gguf_vocab
     path = os.fspath(path)
-    tok, specials, template = gguf_vocab.build(gguf_vocab.read_metadata(path), path)
+    tok, specials, template = gguf_vocab.build(gguf_vocab.read_metadata(path, reader), path)
     kw = {**specials, "chat_template": template, **overrides}
     return cls(tok, name=path, **kw)
 

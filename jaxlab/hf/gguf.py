@@ -160,15 +160,16 @@ def _dequantize(t, permute_heads: int | None):
   return unpermute_rows(w, permute_heads) if permute_heads else w
 
 
-def load(path, dtype=None):
+def load(path, dtype=None, reader=None):
   """(tfm.Config, params) from a GGUF file of a llama / qwen2 / qwen3 decoder.
 
   Args:
     path: the .gguf file.
     dtype: param dtype (float32 default, or bfloat16 / float16); tensors are dequantized to fp32 then cast.
+    reader: `open_reader(path)` already done (to share one parse with the tokenizer).
   """
   path = os.fspath(path)
-  reader = open_reader(path)
+  reader = reader if reader is not None else open_reader(path)
   bad = [(t.name, t.tensor_type.name) for t in reader.tensors if t.tensor_type.name not in SUPPORTED_TYPES]
   if bad:
     raise ValueError(f"{path}: unsupported GGUF tensor type {bad[0][1]} (tensor {bad[0][0]}"
