@@ -3,7 +3,11 @@
   python -m experiments list
   python -m experiments run NAME --preset smoke|cpu|full [--set key=value ...] [--out DIR] [--resume]
   python -m experiments bench NAME [--out FILE.json] [bench flags, see `bench NAME --help`]
-  python -m experiments reproduce --preset cpu [--root runs]
+  python -m experiments reproduce --preset cpu [--root runs] [--only NAME ...]
+
+A user error (a bad --set, a missing file, a run directory in use, a config an experiment rejects) is one
+`error:` line and exit code 2; `--debug` (or JAXLAB_DEBUG=1) shows the traceback instead. Ctrl-C stops a run
+(exit code 130) and prints the command that continues it.
 
 Multi-process runs (launch scripts in tpu_gpu_scripts/) start `jax.distributed` from the environment before
 anything else touches JAX.
@@ -18,27 +22,51 @@ import traceback
 
 from experiments import registry
 
+# Exceptions that mean "the input is wrong", reported in one line; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, KeyError, ImportError, FloatingPointError)
+
+
+def _debug(args) -> bool:
+  return bool(getattr(args, "debug", False) or os.environ.get("JAXLAB_DEBUG"))
+
+
+def _message(e: BaseException) -> str:
+  text = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+  return " ".join(str(text).split()) or type(e).__name__
+
+
+def _resume_command(args, out_dir: str) -> str:
+  sets = " ".join(f"--set {o}" for o in args.overrides)
+  return f"python -m experiments run {args.name} --preset {args.preset} {sets} --out {out_dir} --resume".replace(
+      "  ", " ")
+
 
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(prog="python -m experiments", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--debug", action="store_true", help="show tracebacks for user errors too")
   sub = p.add_subparsers(dest="cmd", required=True)
   sub.add_parser("list", help="registered experiments and benchmarks")
-  r = sub.add_parser("run", help="run one experiment")
-  r.add_argument("name")
+  r = sub.add_parser("run", help="run one experiment (`run NAME --help` lists its config keys)", add_help=False)
+  r.add_argument("-h", "--help", action="store_true", help="this help, and NAME's config keys and presets")
+  r.add_argument("name", nargs="?")
   r.add_argument("--preset", default="smoke", choices=registry.PRESETS)
   r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                  help="override a config field (dotted keys for nested configs); repeatable")
   r.add_argument("--out", default=None, help="run directory (default runs/NAME, or a fresh runs/NAME-k)")
   r.add_argument("--root", default="runs", help="where default run directories go")
-  r.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
-  b = sub.add_parser("bench", help="run a benchmark", add_help=False)
-  b.add_argument("name")
+  r.add_argument("--resume", action="store_true",
+                 help="continue from the latest complete checkpoint (--set steps=N extends a run where the "
+                      "experiment allows it)")
+  r.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+  b = sub.add_parser("bench", help="run a benchmark (`bench NAME --help` lists its flags)", add_help=False)
+  b.add_argument("name", nargs="?")
   b.add_argument("--out", default=None, help="write the results as JSON here")
   g = sub.add_parser("reproduce", help="run every experiment, then write ROOT/report.md")
   g.add_argument("--preset", default="cpu", choices=registry.PRESETS)
   g.add_argument("--root", default="runs")
   g.add_argument("--only", nargs="*", default=None, help="restrict to these experiment names")
+  g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
   return p
 
 
@@ -47,84 +75,115 @@ def _distributed() -> None:
   sharding.initialize_distributed()
 
 
+def _list() -> int:
+  print("experiments:")
+  for name, exp in registry.experiments().items():
+    print(f"  {name:<20} {exp.description}")
+  for name, err in registry.import_errors().items():
+    print(f"  {name:<20} FAILED TO IMPORT: {err}")
+  print("benchmarks (python -m experiments bench NAME):")
+  for name, bench in registry.benches().items():
+    print(f"  {name:<20} {bench.description}")
+  return 0
+
+
+def _run(args) -> int:
+  if args.help or args.name is None:
+    _parser()._subparsers._group_actions[0].choices["run"].print_help()
+    if args.name is None:
+      print(f"\nexperiments: {', '.join(registry.experiments())}")
+      return 0 if args.help else 2
+    exp = registry.get(args.name)
+    print(f"\n{args.name}: {exp.description}\nconfig keys (--set KEY=VALUE) and their value per preset:")
+    print(registry.describe_config(exp))
+    if exp.resume_may_change:
+      print(f"may change on --resume: {', '.join(exp.resume_may_change)}")
+    return 0
+  exp = registry.get(args.name)
+  if args.preset not in exp.presets:
+    raise ValueError(f"unknown preset {args.preset!r} for {args.name}; expected one of {sorted(exp.presets)}")
+  registry.apply_overrides(exp.presets[args.preset], args.overrides)  # fail fast, before JAX starts
+  out_dir = registry.resolve_run_dir(args.name, args.out, args.resume, args.root)
+  _distributed()
+  try:
+    out_dir, results = registry.run_experiment(args.name, args.preset, args.overrides, out_dir, args.resume)
+  except KeyboardInterrupt:
+    print(f"\ninterrupted; checkpoints on disk are complete. Continue with:\n  {_resume_command(args, out_dir)}",
+          file=sys.stderr)
+    return 130
+  print(json.dumps(results, indent=1, default=str))
+  print(f"run directory: {out_dir}")
+  return 0
+
+
+def _bench(args, rest) -> int:
+  benches = registry.benches()
+  if args.name is None:
+    print("usage: python -m experiments bench NAME [--out FILE.json] [flags; `bench NAME --help`]\nbenchmarks:")
+    for name, bench in benches.items():
+      print(f"  {name:<20} {bench.description}")
+    return 0 if {"-h", "--help"} & set(rest) else 2
+  if args.name not in benches:
+    raise KeyError(f"unknown benchmark {args.name!r}; registered: {sorted(benches)}")
+  results = benches[args.name].fn(rest)
+  text = json.dumps(results, indent=1, default=str)
+  print(text)
+  if args.out:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+      f.write(text + "\n")
+  return 0
+
+
+def _reproduce(args) -> int:
+  names = list(registry.experiments())
+  if args.only:
+    unknown = sorted(set(args.only) - set(names) - set(registry.import_errors()))
+    if unknown:
+      raise KeyError(f"unknown experiments {unknown}; registered: {names}")
+    names = [n for n in names if n in args.only]
+  _distributed()
+  entries, failed = [], 0
+  for name, err in registry.import_errors().items():
+    if not args.only or name in args.only:
+      entries.append({"name": name, "error": f"import failed: {err}"})
+      failed += 1
+  for name in names:
+    print(f"=== {name} ({args.preset})", flush=True)
+    try:
+      out_dir, results = registry.run_experiment(name, args.preset, (), None, False, args.root)
+      entries.append({"name": name, "run_dir": out_dir, "results": results})
+    except Exception as e:  # noqa: BLE001  (one failed experiment must not hide the others' results)
+      if _debug(args) or not isinstance(e, USER_ERRORS):
+        traceback.print_exc()
+      else:
+        print(f"error: {name}: {_message(e)}", file=sys.stderr)
+      entries.append({"name": name, "error": f"{type(e).__name__}: {e}"})
+      failed += 1
+  path = registry.write_report(args.root, entries, args.preset)
+  print(f"report: {path} ({len(entries) - failed} ok, {failed} failed)")
+  return 1 if failed else 0
+
+
 def main(argv=None) -> int:
   argv = sys.argv[1:] if argv is None else list(argv)
   args, rest = _parser().parse_known_args(argv)
   if args.cmd != "bench" and rest:
     _parser().error(f"unrecognized arguments: {' '.join(rest)}")
-
-  if args.cmd == "list":
-    print("experiments:")
-    for name, exp in registry.experiments().items():
-      print(f"  {name:<20} {exp.description}")
-    for name, err in registry.import_errors().items():
-      print(f"  {name:<20} FAILED TO IMPORT: {err}")
-    print("benchmarks (python -m experiments bench NAME):")
-    for name, bench in registry.benches().items():
-      print(f"  {name:<20} {bench.description}")
-    return 0
-
-  if args.cmd == "run":
-    try:
-      exp = registry.get(args.name)
-    except (KeyError, ImportError) as e:
-      print(f"error: {e.args[0]}", file=sys.stderr)
-      return 2
-    if args.preset not in exp.presets:
-      raise SystemExit(f"unknown preset {args.preset!r} for {args.name}")
-    try:
-      registry.apply_overrides(exp.presets[args.preset], args.overrides)  # fail fast, before JAX starts
-      registry.resolve_run_dir(args.name, args.out, args.resume, args.root)
-    except (registry.OverrideError, registry.RunDirExists) as e:
-      print(f"error: {e}", file=sys.stderr)
-      return 2
-    _distributed()
-    out_dir, results = registry.run_experiment(args.name, args.preset, args.overrides, args.out, args.resume,
-                                               args.root)
-    print(json.dumps(results, indent=1, default=str))
-    print(f"run directory: {out_dir}")
-    return 0
-
-  if args.cmd == "bench":
-    benches = registry.benches()
-    if args.name not in benches:
-      print(f"error: unknown benchmark {args.name!r}; registered: {sorted(benches)}", file=sys.stderr)
-      return 2
-    results = benches[args.name].fn(rest)
-    text = json.dumps(results, indent=1, default=str)
-    print(text)
-    if args.out:
-      os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-      with open(args.out, "w") as f:
-        f.write(text + "\n")
-    return 0
-
-  if args.cmd == "reproduce":
-    _distributed()
-    names = list(registry.experiments())
-    if args.only:
-      unknown = sorted(set(args.only) - set(names) - set(registry.import_errors()))
-      if unknown:
-        print(f"error: unknown experiments {unknown}; registered: {names}", file=sys.stderr)
-        return 2
-      names = [n for n in names if n in args.only]
-    entries, failed = [], 0
-    for name, err in registry.import_errors().items():
-      if not args.only or name in args.only:
-        entries.append({"name": name, "error": f"import failed: {err}"})
-        failed += 1
-    for name in names:
-      print(f"=== {name} ({args.preset})", flush=True)
-      try:
-        out_dir, results = registry.run_experiment(name, args.preset, (), None, False, args.root)
-        entries.append({"name": name, "run_dir": out_dir, "results": results})
-      except Exception as e:  # noqa: BLE001  (one failed experiment must not hide the others' results)
-        traceback.print_exc()
-        entries.append({"name": name, "error": f"{type(e).__name__}: {e}"})
-        failed += 1
-    path = registry.write_report(args.root, entries, args.preset)
-    print(f"report: {path} ({len(entries) - failed} ok, {failed} failed)")
-    return 1 if failed else 0
+  try:
+    if args.cmd == "list":
+      return _list()
+    if args.cmd == "run":
+      return _run(args)
+    if args.cmd == "bench":
+      return _bench(args, rest)
+    if args.cmd == "reproduce":
+      return _reproduce(args)
+  except USER_ERRORS as e:
+    if _debug(args):
+      raise
+    print(f"error: {_message(e)}  (--debug shows the traceback)", file=sys.stderr)
+    return 2
   return 2
 
 

@@ -3,7 +3,10 @@
 The default corpus is CPython's standard-library sources (present on every machine), byte-tokenized; the
 `full` preset is the GaLore LLaMA-60M setting (arXiv 2403.03507: batch 512, sequence 256, lr 1e-3, 10%
 warmup then cosine to 10%) on a corpus given by path. Checkpoints (train state + data iterator state) every
-`ckpt_every` steps; `--resume` continues from the latest complete one.
+`ckpt_every` steps; `--resume` continues from the latest complete one. `--resume --set steps=N` trains a
+finished or interrupted run on to N steps: the learning-rate schedule is rebuilt for N total steps (warmup
+unchanged), so a cosine continues from the rebuilt curve's value at the resumed step, not from where the old
+curve ended.
 
   python -m experiments run lm_pretrain --preset cpu
   python -m experiments run lm_pretrain --preset full --set corpus=/data/c4.jsonl --set tokenizer=/tok/dir
@@ -34,6 +37,25 @@ from jaxlab.train.checkpoint import Checkpointer
 def _byte_model(d: int, layers: int, heads: int, ff: int, maxlen: int) -> tfm.Config:
   return tfm.Config(vocab_size=264, d_model=d, n_layers=layers, n_heads=heads, d_ff=ff,
                     max_position_embeddings=maxlen, bos_token_id=256, eos_token_id=257, pad_token_id=258)
+
+
+def check_train_fields(cfg) -> None:
+  """Validates the optimizer fields shared by training configs (optimizer, lr, warmup_steps, steps, grad_clip,
+  weight_decay, mesh), naming the field."""
+  from jaxlab import optim
+  if cfg.optimizer not in optim.names():
+    raise ValueError(f"optimizer must be one of {optim.names()}, found {cfg.optimizer!r}")
+  if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+    raise ValueError(f"lr must be a finite number > 0, found {cfg.lr}")
+  if not 0 <= cfg.warmup_steps <= cfg.steps:
+    raise ValueError(f"warmup_steps must be in [0, steps={cfg.steps}], found {cfg.warmup_steps}")
+  if not cfg.grad_clip >= 0:
+    raise ValueError(f"grad_clip must be >= 0 (0: no clipping), found {cfg.grad_clip}")
+  if not cfg.weight_decay >= 0:
+    raise ValueError(f"weight_decay must be >= 0, found {cfg.weight_decay}")
+  if not 0.0 <= cfg.lr_floor <= 1.0:
+    raise ValueError(f"lr_floor must be in [0, 1] (a fraction of lr), found {cfg.lr_floor}")
+  shd.mesh_sizes(cfg.mesh, None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +103,14 @@ class Config:
       raise ValueError(f"schedule must be one of {sorted(schedules.SCHEDULES)}, found {self.schedule!r}")
     if not self.corpus:
       raise ValueError("corpus must be 'stdlib' or a path (text/JSONL/parquet file, directory or glob)")
+    check_train_fields(self)
+    if self.max_docs is not None and self.max_docs < 1:
+      raise ValueError(f"max_docs must be >= 1 or None, found {self.max_docs}")
+    if not 0.0 < self.val_fraction < 1.0:
+      raise ValueError(f"val_fraction must be in (0, 1), found {self.val_fraction}")
+    if self.ckpt_every < 0 or self.eval_every < 0:
+      raise ValueError(f"ckpt_every and eval_every must be >= 0 (0: only at the end), found "
+                       f"{self.ckpt_every} and {self.eval_every}")
 
 
 PRESETS = {
@@ -160,6 +190,9 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   if resume:
     restored = ckpt.restore_latest(target=state_lib.abstract_state(init_params, tx, mesh, cfg.strategy))
     if restored is not None:
+      if restored.step > cfg.steps:
+        raise ValueError(f"--resume: the checkpoint is at step {restored.step}, past steps={cfg.steps}; "
+                         f"steps may only grow on resume")
       state = state_lib.as_train_state(restored.state)
       if restored.data_state is not None:
         train_it.set_state(loop_lib.local_data_state(restored.data_state))
@@ -216,4 +249,4 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 registry.register(registry.Experiment(
     name="lm_pretrain", config_cls=Config, presets=PRESETS, run=run,
     description="pretrain a LLaMA-style decoder LM on the stdlib corpus (byte tokens)",
-    resume_may_change=("mesh", "strategy", "log_every")))
+    resume_may_change=("mesh", "strategy", "log_every", "steps")))

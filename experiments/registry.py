@@ -192,41 +192,56 @@ def _parse(text: str, tp, key: str):
   raise OverrideError(f"--set {key}: fields of type {_type_name(tp)} cannot be set from the command line")
 
 
-def _replace_path(cfg, path: list[str], text: str, full_key: str):
+def _replace_all(cfg, changes: dict, prefix: str = ""):
+  """`cfg` with `changes` ({field: text, or {subfield: ...} for a nested config}) applied in one
+  `dataclasses.replace` per config, so validation sees every override together (steps=2 with warmup_steps=1)."""
   if not dataclasses.is_dataclass(cfg):
-    raise OverrideError(f"--set {full_key}: {'.'.join(path[:-1]) or full_key} is not a nested config")
-  fields = {f.name: f for f in dataclasses.fields(cfg) if f.init}
-  name = path[0]
-  if name not in fields:
-    raise OverrideError(f"--set {full_key}: unknown key {name!r} for {type(cfg).__name__}; "
-                        f"known keys: {sorted(fields)}")
+    raise OverrideError(f"--set {prefix}{next(iter(changes))}: {prefix.rstrip('.')} is not a nested config")
+  fields = {f.name for f in dataclasses.fields(cfg) if f.init}
   hints = typing.get_type_hints(type(cfg))
-  if len(path) == 1:
-    value = _parse(text, hints.get(name, Any), full_key)
-  else:
-    value = _replace_path(getattr(cfg, name), path[1:], text, full_key)
-  return dataclasses.replace(cfg, **{name: value})
+  values = {}
+  for name, change in changes.items():
+    if name not in fields:
+      raise OverrideError(f"--set {prefix}{name}: unknown key {name!r} for {type(cfg).__name__}; "
+                          f"known keys: {sorted(fields)}")
+    if isinstance(change, dict):
+      values[name] = _replace_all(getattr(cfg, name), change, f"{prefix}{name}.")
+    else:
+      values[name] = _parse(change, hints.get(name, Any), f"{prefix}{name}")
+  return dataclasses.replace(cfg, **values)
 
 
 def apply_overrides(cfg, items) -> Any:
   """`cfg` with `key=value` overrides (dotted keys reach nested configs: model.d_model=128).
 
   Each value is parsed as its field's annotated type (int, float, bool, str, X | None, tuple[...]);
-  an unknown key, a bad value or a config that fails its own validation raises OverrideError naming
-  the key, before anything else runs.
+  an unknown key, a bad value or a config that fails its own validation (checked once, with every
+  override applied) raises OverrideError naming the keys, before anything else runs.
   """
+  changes: dict = {}
   for item in items or ():
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key:
       raise OverrideError(f"--set expects key=value, found {item!r}")
-    try:
-      cfg = _replace_path(cfg, key.split("."), text, key)
-    except OverrideError:
-      raise
-    except (ValueError, TypeError) as e:
-      raise OverrideError(f"--set {key}={text!r}: {e}") from e
-  return cfg
+    *parents, leaf = key.split(".")
+    node = changes
+    for part in parents:
+      node = node.setdefault(part, {})
+      if not isinstance(node, dict):
+        raise OverrideError(f"--set {key}: {part!r} is set as a value and as a nested config")
+    if isinstance(node.get(leaf), dict):
+      raise OverrideError(f"--set {key}: is a nested config; set its fields as {key}.<field>=...")
+    node[leaf] = text
+  if not changes:
+    return cfg
+  try:
+    return _replace_all(cfg, changes)
+  except OverrideError:
+    raise
+  except (ValueError, TypeError) as e:
+    given = " ".join(f"{i.partition('=')[0].strip()}={i.partition('=')[2]!r}" for i in items)
+    raise OverrideError(f"--set {given}: {e}") from e
 
 
 def config_dict(cfg) -> dict:
@@ -259,7 +274,13 @@ def resolve_run_dir(name: str, out: str | None, resume: bool, root: str = "runs"
 
   With an explicit `out` that already holds a run, refuses (RunDirExists) unless `resume`. Without `out`,
   uses `root/name`, or when that holds a run and not `resume`, the first free `root/name-2`, `-3`, ...
+  The result is absolute (orbax requires absolute checkpoint paths; a relative `out` or `root` is taken
+  relative to the working directory at the time of the call).
   """
+  return os.path.abspath(_resolve_run_dir(name, out, resume, root))
+
+
+def _resolve_run_dir(name: str, out: str | None, resume: bool, root: str) -> str:
   if out is not None:
     if _has_results(out) and not resume:
       raise RunDirExists(f"{out} already holds a run (config/results/checkpoints); pass --resume to continue "
@@ -290,8 +311,12 @@ def _check_resume_config(exp: Experiment, out_dir: str, cfg) -> None:
   path = os.path.join(out_dir, "config.json")
   if not os.path.exists(path):
     return
-  with open(path) as f:
-    old = flatten(json.load(f).get("config", {}))
+  try:
+    with open(path) as f:
+      old = flatten(json.load(f).get("config", {}))
+  except (ValueError, AttributeError) as e:
+    raise ValueError(f"--resume {out_dir}: {path} is not a run's config (expected a JSON object with a "
+                     f"'config' entry; {type(e).__name__}: {e})") from None
   new = flatten(config_dict(cfg))
   diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
                 and k.split(".")[0] not in exp.resume_may_change)
@@ -301,9 +326,37 @@ def _check_resume_config(exp: Experiment, out_dir: str, cfg) -> None:
                      f"{list(exp.resume_may_change)} may change on resume")
 
 
+def _holds_work(path: str, written: set[str]) -> bool:
+  """Whether `path` holds anything but the files this invocation wrote (and empty directories)."""
+  for dirpath, _, files in os.walk(path):
+    for f in files:
+      full = os.path.join(dirpath, f)
+      if full not in written and not (f == "metrics.jsonl" and os.path.getsize(full) == 0):
+        return True
+  return False
+
+
+def _discard_failed_start(out_dir: str, existed: bool, written: set[str]) -> None:
+  """After a run failed before producing anything, removes what the runner wrote, so the same --out (or
+  --resume) starts cleanly next time; a run that logged, checkpointed or plotted anything is kept whole."""
+  if not os.path.isdir(out_dir) or _holds_work(out_dir, written):
+    return
+  for f in written:
+    if os.path.exists(f):
+      os.remove(f)
+  if not existed:
+    for dirpath, _, _ in sorted(os.walk(out_dir), key=lambda t: -len(t[0])):
+      if not os.listdir(dirpath):
+        os.rmdir(dirpath)
+
+
 def run_experiment(name: str, preset: str, overrides=(), out: str | None = None, resume: bool = False,
                    root: str = "runs") -> tuple[str, dict]:
-  """Runs one experiment end to end; returns (run directory, results)."""
+  """Runs one experiment end to end; returns (run directory, results).
+
+  A run that fails before writing anything of its own (a bad path, a config the experiment rejects at
+  start-up) leaves no trace in its run directory.
+  """
   exp = get(name)
   if preset not in exp.presets:
     raise ValueError(f"unknown preset {preset!r} for {name}; expected one of {sorted(exp.presets)}")
@@ -311,9 +364,12 @@ def run_experiment(name: str, preset: str, overrides=(), out: str | None = None,
   out_dir = resolve_run_dir(name, out, resume, root)
   if resume:
     _check_resume_config(exp, out_dir, cfg)
+    if not _has_results(out_dir) and _is_main():
+      print(f"--resume: {out_dir} holds no run yet; starting from scratch", flush=True)
   _barrier("jaxlab_run_dir")
   meta = {"experiment": name, "preset": preset, "overrides": list(overrides),
           "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config_dict(cfg)}
+  existed, written = os.path.isdir(out_dir), set()
   if _is_main():
     os.makedirs(out_dir, exist_ok=True)
     cfg_path = os.path.join(out_dir, "config.json")
@@ -321,15 +377,43 @@ def run_experiment(name: str, preset: str, overrides=(), out: str | None = None,
       cfg_path = os.path.join(out_dir, "config.resumed.json")
     with open(cfg_path, "w") as f:
       json.dump(meta, f, indent=1)
+    written.add(cfg_path)
   _barrier("jaxlab_run_dir_made")
   t0 = time.time()
-  results = flatten(dict(exp.run(cfg, out_dir, resume) or {}))
+  try:
+    results = flatten(dict(exp.run(cfg, out_dir, resume) or {}))
+  except BaseException:
+    if _is_main():
+      _discard_failed_start(out_dir, existed, written)
+    raise
   results.setdefault("wall_s", round(time.time() - t0, 2))
   if _is_main():
     with open(os.path.join(out_dir, "results.json"), "w") as f:
       json.dump(results, f, indent=1, default=str)
     write_summary(out_dir, name, preset, list(overrides), results)
   return out_dir, results
+
+
+def describe_config(exp: Experiment) -> str:
+  """A table of every `--set` key of `exp`: type and value in each preset (nested keys dotted)."""
+  hints: dict[str, Any] = {}
+
+  def walk(cls, prefix):
+    for f in dataclasses.fields(cls):
+      if not f.init:
+        continue
+      tp = typing.get_type_hints(cls).get(f.name, Any)
+      if dataclasses.is_dataclass(tp):
+        walk(tp, f"{prefix}{f.name}.")
+      else:
+        hints[f"{prefix}{f.name}"] = tp
+
+  walk(exp.config_cls, "")
+  values = {p: flatten(config_dict(c)) for p, c in exp.presets.items()}
+  rows = [("key", "type", *values)]
+  rows += [(k, _type_name(tp), *(_fmt(v.get(k, "-")) for v in values.values())) for k, tp in hints.items()]
+  widths = [min(40, max(len(str(r[i])) for r in rows)) for i in range(len(rows[0]))]
+  return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
 # --------------------------------------------------------------------------------------- summaries

@@ -47,19 +47,12 @@ RULES = {
 
 # ---------------------------------------------------------------------------------------------- mesh
 
-def make_mesh(spec: str | None = None, devices=None) -> jax.sharding.Mesh:
-  """A mesh with axes ("data", "fsdp", "tensor"), every axis present (size 1 where not asked for).
-
-  Args:
-    spec: "data:2,fsdp:2,tensor:2"; one size may be -1 (or omitted: "fsdp") for "all remaining devices".
-      The sizes must multiply to the device count. None puts every device on "data".
-    devices: devices to use (default: all global devices, `jax.devices()`).
-  """
-  devices = list(jax.devices() if devices is None else devices)
-  n = len(devices)
+def mesh_sizes(spec: str | None, n: int | None) -> dict[str, int]:
+  """Axis sizes of a mesh spec (see `make_mesh`) over `n` devices; with `n=None` only the syntax is checked
+  (so configs can validate a spec before JAX has started; the axis taking the remaining devices is then 1)."""
   sizes = dict.fromkeys(MESH_AXES, 1)
   if spec is None or not spec.strip():
-    sizes["data"] = n
+    sizes["data"] = 1 if n is None else n
   else:
     seen, rest = set(), None
     for part in (p.strip() for p in spec.split(",")):
@@ -84,6 +77,8 @@ def make_mesh(spec: str | None = None, devices=None) -> jax.sharding.Mesh:
       else:
         sizes[name] = value
     known = math.prod(sizes.values())
+    if n is None:
+      return sizes
     if rest is not None:
       if n % known:
         raise ValueError(f"mesh spec {spec!r}: {n} devices are not divisible by the fixed sizes ({known})")
@@ -91,6 +86,19 @@ def make_mesh(spec: str | None = None, devices=None) -> jax.sharding.Mesh:
     if math.prod(sizes.values()) != n:
       raise ValueError(f"mesh spec {spec!r} asks for {math.prod(sizes.values())} devices ({sizes}), "
                        f"found {n} devices")
+  return sizes
+
+
+def make_mesh(spec: str | None = None, devices=None) -> jax.sharding.Mesh:
+  """A mesh with axes ("data", "fsdp", "tensor"), every axis present (size 1 where not asked for).
+
+  Args:
+    spec: "data:2,fsdp:2,tensor:2"; one size may be -1 (or omitted: "fsdp") for "all remaining devices".
+      The sizes must multiply to the device count. None puts every device on "data".
+    devices: devices to use (default: all global devices, `jax.devices()`).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = mesh_sizes(spec, len(devices))
   shape = tuple(sizes[a] for a in MESH_AXES)
   axis_types = (jax.sharding.AxisType.Auto,) * len(MESH_AXES)
   try:

@@ -126,7 +126,21 @@ def train_loop(state: TrainState, train_step, batches: Iterator, num_steps: int,
     peak_flops: denominator of MFU; default `metrics.peak_flops()`.
     metadata: stored with every checkpoint.
     desc: progress-bar label.
+
+  On Ctrl-C (KeyboardInterrupt) a checkpoint being written is completed before the interrupt propagates, so
+  `--resume` continues from it.
   """
+  try:
+    return _train_loop(state, train_step, batches, num_steps, shard_fn, checkpointer, ckpt_every, data_state_fn,
+                       eval_fn, eval_every, metrics_path, log_every, flops_per_token, peak_flops, metadata, desc)
+  except KeyboardInterrupt:
+    if checkpointer is not None:  # let a save in flight finish: interpreter shutdown would cut it off
+      checkpointer.wait()
+    raise
+
+
+def _train_loop(state, train_step, batches, num_steps, shard_fn, checkpointer, ckpt_every, data_state_fn, eval_fn,
+                eval_every, metrics_path, log_every, flops_per_token, peak_flops, metadata, desc) -> LoopResult:
   if data_state_fn is None and hasattr(batches, "get_state"):
     data_state_fn = batches.get_state
   start = int(jax.device_get(state.step))
