@@ -258,6 +258,11 @@ class LMData:
     """
     docs = as_corpus(source)
     tok = tok_lib.load_tokenizer(tokenizer)
+    if self.add_eos and tok.eos_id is None:
+      raise ValueError(f"the tokenizer ({type(tok).__name__}, vocab {tok.vocab_size}) has no eos token, which "
+                       "separates packed documents; give it one or pass add_eos=False")
+    if self.add_bos and tok.bos_id is None:
+      raise ValueError(f"add_bos=True but the tokenizer ({type(tok).__name__}) has no bos token")
     if process_index is None or process_count is None:
       import jax
       process_index = jax.process_index() if process_index is None else process_index

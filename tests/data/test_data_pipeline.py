@@ -198,3 +198,15 @@ def test_packing_with_hf_tokenizer_file(tmp_path):
                           drop_remainder=False, process_index=0, process_count=1))
   want = [i for d in DOCS for i in tk.encode(d, add_special_tokens=False).ids + [1]]
   assert _stream_of(rows) == want
+
+
+def test_tokenizer_without_eos_is_refused_before_reading(tmp_path):
+  from tokenizers import Tokenizer, models, pre_tokenizers
+  tk = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+  tk.pre_tokenizer = pre_tokenizers.Whitespace()
+  tk.save(str(tmp_path / "tokenizer.json"))
+  with pytest.raises(ValueError, match="has no eos token, which separates packed documents"):
+    lm_batches(DOCS, str(tmp_path), 5, 2, split=None, process_index=0, process_count=1)
+  rows = _rows(lm_batches(["a a a a a a"], str(tmp_path), 3, 1, split=None, num_epochs=1, shuffle=False,
+                          add_eos=False, process_index=0, process_count=1))
+  assert set(_stream_of(rows)) == {1}  # add_eos=False packs the bare token stream
