@@ -38,7 +38,7 @@ def read_metadata(path, reader=None) -> dict:
   try:
     import gguf
   except ImportError as e:
-    raise ImportError("reading a GGUF tokenizer needs the gguf package: /work/venv/bin/pip install gguf") from e
+    raise ImportError("reading a GGUF tokenizer needs the gguf package: pip install gguf") from e
   path = os.fspath(path)
   with open(path, "rb") as f:
     magic = f.read(4)

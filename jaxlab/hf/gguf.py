@@ -44,7 +44,7 @@ def _gguf():
   try:
     import gguf
   except ImportError as e:
-    raise ImportError("reading GGUF files needs the gguf package: /work/venv/bin/pip install gguf") from e
+    raise ImportError("reading GGUF files needs the gguf package: pip install gguf") from e
   return gguf
 
 

