@@ -3,7 +3,8 @@
   python -m experiments list
   python -m experiments run NAME --preset smoke|cpu|full [--set key=value ...] [--out DIR] [--resume]
   python -m experiments bench NAME [--out FILE.json] [bench flags, see `bench NAME --help`]
-  python -m experiments reproduce --preset cpu [--root runs] [--only NAME ...]
+  python -m experiments reproduce --preset cpu [--root runs] [--only NAME ...] [--seeds N] [--force]
+  python -m experiments readme [--claims runs/claims.json]   (the README's paper table from a claims report)
 
 A user error (a bad --set, a missing file, a run directory in use, a config an experiment rejects) is one
 `error:` line and exit code 2; `--debug` (or JAXLAB_DEBUG=1) shows the traceback instead. Ctrl-C stops a run
@@ -21,6 +22,7 @@ import sys
 import traceback
 
 from experiments import registry
+from experiments.runner import readme as readme_lib, reproduce as reproduce_lib
 
 # Exceptions that mean "the input is wrong", reported in one line; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError, KeyError, ImportError, FloatingPointError)
@@ -66,6 +68,11 @@ def _parser() -> argparse.ArgumentParser:
   g.add_argument("--preset", default="cpu", choices=registry.PRESETS)
   g.add_argument("--root", default="runs")
   g.add_argument("--only", nargs="*", default=None, help="restrict to these experiment names")
+  g.add_argument("--seeds", type=int, default=1, help="run each experiment that has a seed this many times")
+  g.add_argument("--force", action="store_true", help="rerun experiments whose results are already there")
+  m = sub.add_parser("readme", help="rewrite the README's paper table from a claims report")
+  m.add_argument("--claims", default="runs/claims.json")
+  m.add_argument("--readme", default="README.md")
   g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
   return p
 
@@ -141,28 +148,25 @@ def _reproduce(args) -> int:
     unknown = sorted(set(args.only) - set(names) - set(registry.import_errors()))
     if unknown:
       raise KeyError(f"unknown experiments {unknown}; registered: {names}")
-    names = [n for n in names if n in args.only]
   _distributed()
-  entries, failed = [], 0
-  for name, err in registry.import_errors().items():
-    if not args.only or name in args.only:
-      entries.append({"name": name, "error": f"import failed: {err}"})
-      failed += 1
-  for name in names:
-    print(f"=== {name} ({args.preset})", flush=True)
-    try:
-      out_dir, results = registry.run_experiment(name, args.preset, (), None, False, args.root)
-      entries.append({"name": name, "run_dir": out_dir, "results": results})
-    except Exception as e:  # noqa: BLE001  (one failed experiment must not hide the others' results)
-      if _debug(args) or not isinstance(e, USER_ERRORS):
-        traceback.print_exc()
-      else:
-        print(f"error: {name}: {_message(e)}", file=sys.stderr)
-      entries.append({"name": name, "error": f"{type(e).__name__}: {e}"})
-      failed += 1
-  path = registry.write_report(args.root, entries, args.preset)
-  print(f"report: {path} ({len(entries) - failed} ok, {failed} failed)")
+
+  def on_error(name, e):
+    if _debug(args) or not isinstance(e, USER_ERRORS):
+      traceback.print_exc()
+    else:
+      print(f"error: {name}: {_message(e)}", file=sys.stderr)
+
+  path, failed = reproduce_lib.reproduce(args.preset, args.root, args.only, args.seeds, args.force, on_error)
+  print(f"report: {path} ({failed} failed)")
   return 1 if failed else 0
+
+
+def _readme(args) -> int:
+  with open(args.claims) as f:
+    report = json.load(f)
+  changed = readme_lib.update(args.readme, report)
+  print(f"{args.readme}: paper table {'rewritten' if changed else 'already current'} from {args.claims}")
+  return 0
 
 
 def main(argv=None) -> int:
@@ -179,6 +183,8 @@ def main(argv=None) -> int:
       return _bench(args, rest)
     if args.cmd == "reproduce":
       return _reproduce(args)
+    if args.cmd == "readme":
+      return _readme(args)
   except USER_ERRORS as e:
     if _debug(args):
       raise

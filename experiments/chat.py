@@ -164,7 +164,8 @@ def repl(argv=None) -> None:
 
 registry.register(registry.Experiment(
     name="chat", config_cls=Config, presets=PRESETS, run=run,
-    description="answer fixed prompts with SmolLM2-135M-Instruct (GGUF, chat template, greedy)"))
+    description="answer fixed prompts with SmolLM2-135M-Instruct (GGUF, chat template, greedy)",
+    seed_key=None))
 
 if __name__ == "__main__":
   repl()

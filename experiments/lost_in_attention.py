@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _vlm_pipeline as pipe, registry
+from experiments.runner.claims import Claim
 from jaxlab.data import scenes as scenes_lib
 from jaxlab.interp import geometry
 from jaxlab.models import vlm
@@ -238,4 +239,10 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 registry.register(registry.Experiment(
     name="lost_in_attention", config_cls=Config, presets=PRESETS, run=run,
     description="RID / MixIG of attention vs FFN updates in the VLM's LM, accuracy under attention interventions",
-    resume_may_change=("eval_batch", "source")))
+    resume_may_change=("eval_batch", "source"),
+    paper="lost_in_attention", claims=(
+        Claim("rid", "attention updates change the residual stream's geometry less than FFN updates (RID)",
+              "RID attention 0.06 vs FFN 0.21", "{rid.attention} < {rid.ffn}"),
+        Claim("mixig", "attention updates mix tokens far more than FFN updates (MixIG)",
+              "MixIG attention 0.61 vs FFN 0.02", "{mixig.attention} > {mixig.ffn}"),
+    )))

@@ -105,7 +105,7 @@ def test_reproduce_writes_runs_and_report(tmp_path, monkeypatch):
   assert "## toy" in report and "| final_loss | 0.1 |" in report and "(toy/loss.png)" in report
   assert "## broken" in report and "RuntimeError: boom" in report
   assert "## ghost" in report and "import failed: SyntaxError: bad" in report
-  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy"]) == 0
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy", "--force"]) == 0
   assert os.path.exists(os.path.join(root, "toy-2", "results.json"))  # the first run was kept
 
 

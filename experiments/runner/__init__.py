@@ -1,0 +1,5 @@
+"""The experiment runner: registry (`registry`), `--set` overrides (`overrides`), run directories (`rundirs`),
+summaries and the report (`report`), the papers' claims and their verdicts (`claims`), and plots (`plots`).
+
+`experiments.registry` is this package's `registry` module under its historical name.
+"""

@@ -1,0 +1,212 @@
+"""The experiment registry and `run_experiment`, the one place that runs an experiment end to end.
+
+An experiment module calls `register(Experiment(name, Config, presets, run))` at import time, where `Config`
+is a frozen dataclass, `presets` maps "smoke" / "cpu" / "full" to instances of it, and
+`run(cfg, out_dir, resume) -> dict` trains/evaluates and returns the headline figures. The runner writes
+`config.json`, `results.json` (flat keys) and `summary.md` around it; the experiment writes `metrics.jsonl`
+and its PNG plots. An experiment of a paper names it (`paper=`, a short name of `claims.PAPERS`) and declares
+the paper's claims (`claims=`). Benchmarks register with `register_bench(name, fn)`, `fn(argv) -> dict`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib
+import json
+import os
+import pkgutil
+import time
+from typing import Any, Callable
+
+from experiments.runner.claims import PAPERS, Claim
+from experiments.runner.overrides import OverrideError, apply_overrides, config_dict, flatten  # noqa: F401
+from experiments.runner.plots import plot_curves  # noqa: F401
+from experiments.runner.report import (describe_config, plots_in, read_results, results_table,  # noqa: F401
+                                       write_report, write_summary)
+from experiments.runner.rundirs import (RESULT_FILES, RunDirExists, discard_failed_start, has_results,  # noqa: F401
+                                        resolve_run_dir)
+
+PRESETS = ("smoke", "cpu", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """A registered experiment.
+
+  Attributes:
+    name: CLI name.
+    config_cls: frozen config dataclass.
+    presets: preset name -> config instance (at least "smoke", "cpu", "full").
+    run: `(cfg, out_dir, resume) -> dict of results`.
+    description: one line for `list`.
+    resume_may_change: top-level config fields allowed to differ from the saved config.json on --resume.
+    paper: the short name of the paper this experiment reproduces (None: infrastructure, e.g. lm_pretrain).
+    claims: the paper's claims, checked on results.json by `reproduce`.
+    seed_key: the config field `reproduce --seeds N` varies (None: the experiment is not repeated).
+  """
+  name: str
+  config_cls: type
+  presets: dict
+  run: Callable[[Any, str, bool], dict]
+  description: str = ""
+  resume_may_change: tuple[str, ...] = ()
+  paper: str | None = None
+  claims: tuple[Claim, ...] = ()
+  seed_key: str | None = "seed"
+
+  def __post_init__(self):
+    if self.paper is not None and self.paper not in PAPERS:
+      raise ValueError(f"experiment {self.name!r}: paper {self.paper!r} is not one of {list(PAPERS)}")
+    ids = [c.id for c in self.claims]
+    if len(set(ids)) != len(ids):
+      raise ValueError(f"experiment {self.name!r}: claim ids repeat: {ids}")
+    fields = {f.name for f in dataclasses.fields(self.config_cls)}
+    if self.seed_key is not None and self.seed_key not in fields:
+      object.__setattr__(self, "seed_key", None)
+    missing = [p for p in PRESETS if p not in self.presets]
+    if missing:
+      raise ValueError(f"experiment {self.name!r}: presets must include {PRESETS}, missing {missing}")
+    for p, c in self.presets.items():
+      if not isinstance(c, self.config_cls):
+        raise TypeError(f"experiment {self.name!r}: preset {p!r} is a {type(c).__name__}, expected "
+                        f"{self.config_cls.__name__}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Bench:
+  name: str
+  fn: Callable[[list], dict]
+  description: str = ""
+
+
+_EXPERIMENTS: dict[str, Experiment] = {}
+_BENCHES: dict[str, Bench] = {}
+_SKIP_MODULES = {"__main__", "registry", "runner"}
+
+
+def register(exp: Experiment) -> Experiment:
+  _EXPERIMENTS[exp.name] = exp
+  return exp
+
+
+def register_bench(name: str, fn: Callable[[list], dict], description: str = "") -> Bench:
+  _BENCHES[name] = Bench(name, fn, description)
+  return _BENCHES[name]
+
+
+_IMPORT_ERRORS: dict[str, str] = {}
+
+
+def load_all() -> None:
+  """Imports every module of the `experiments` package so they register themselves.
+
+  A module that fails to import is recorded (`import_errors()`) instead of breaking the other experiments.
+  """
+  import experiments
+  for mod in pkgutil.iter_modules(experiments.__path__):
+    if mod.name in _SKIP_MODULES or mod.name.startswith("_") or mod.name in _IMPORT_ERRORS:
+      continue
+    try:
+      importlib.import_module(f"experiments.{mod.name}")
+    except Exception as e:  # noqa: BLE001  (reported by list/run/reproduce)
+      _IMPORT_ERRORS[mod.name] = f"{type(e).__name__}: {e}"
+
+
+def import_errors() -> dict[str, str]:
+  """Experiment modules that failed to import: module name -> error."""
+  load_all()
+  return dict(_IMPORT_ERRORS)
+
+
+def experiments() -> dict[str, Experiment]:
+  load_all()
+  return dict(sorted(_EXPERIMENTS.items()))
+
+
+def benches() -> dict[str, Bench]:
+  load_all()
+  return dict(sorted(_BENCHES.items()))
+
+
+def get(name: str) -> Experiment:
+  exps = experiments()
+  if name not in exps:
+    if name in _IMPORT_ERRORS:
+      raise ImportError(f"experiment module experiments.{name} failed to import: {_IMPORT_ERRORS[name]}")
+    raise KeyError(f"unknown experiment {name!r}; registered: {sorted(exps)}")
+  return exps[name]
+
+
+def _is_main() -> bool:
+  import jax
+  return jax.process_index() == 0
+
+
+def _barrier(tag: str) -> None:
+  import jax
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices(tag)
+
+
+def _check_resume_config(exp: Experiment, out_dir: str, cfg) -> None:
+  path = os.path.join(out_dir, "config.json")
+  if not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      old = flatten(json.load(f).get("config", {}))
+  except (ValueError, AttributeError) as e:
+    raise ValueError(f"--resume {out_dir}: {path} is not a run's config (expected a JSON object with a "
+                     f"'config' entry; {type(e).__name__}: {e})") from None
+  new = flatten(config_dict(cfg))
+  diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+                and k.split(".")[0] not in exp.resume_may_change)
+  if diff:
+    raise ValueError(f"--resume {out_dir}: config differs from the saved config.json in {diff} "
+                     f"(saved {[old.get(k) for k in diff]}, now {[new.get(k) for k in diff]}); only "
+                     f"{list(exp.resume_may_change)} may change on resume")
+
+
+def run_experiment(name: str, preset: str, overrides=(), out: str | None = None, resume: bool = False,
+                   root: str = "runs") -> tuple[str, dict]:
+  """Runs one experiment end to end; returns (run directory, results).
+
+  A run that fails before writing anything of its own (a bad path, a config the experiment rejects at
+  start-up) leaves no trace in its run directory.
+  """
+  exp = get(name)
+  if preset not in exp.presets:
+    raise ValueError(f"unknown preset {preset!r} for {name}; expected one of {sorted(exp.presets)}")
+  cfg = apply_overrides(exp.presets[preset], overrides)
+  out_dir = resolve_run_dir(name, out, resume, root)
+  if resume:
+    _check_resume_config(exp, out_dir, cfg)
+    if not has_results(out_dir) and _is_main():
+      print(f"--resume: {out_dir} holds no run yet; starting from scratch", flush=True)
+  _barrier("jaxlab_run_dir")
+  meta = {"experiment": name, "preset": preset, "overrides": list(overrides),
+          "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config_dict(cfg)}
+  existed, written = os.path.isdir(out_dir), set()
+  if _is_main():
+    os.makedirs(out_dir, exist_ok=True)
+    cfg_path = os.path.join(out_dir, "config.json")
+    if os.path.exists(cfg_path):  # resuming: keep the original, record what this invocation used
+      cfg_path = os.path.join(out_dir, "config.resumed.json")
+    with open(cfg_path, "w") as f:
+      json.dump(meta, f, indent=1)
+    written.add(cfg_path)
+  _barrier("jaxlab_run_dir_made")
+  t0 = time.time()
+  try:
+    results = flatten(dict(exp.run(cfg, out_dir, resume) or {}))
+  except BaseException:
+    if _is_main():
+      discard_failed_start(out_dir, existed, written)
+    raise
+  results.setdefault("wall_s", round(time.time() - t0, 2))
+  if _is_main():
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+      json.dump(results, f, indent=1, default=str)
+    write_summary(out_dir, name, preset, list(overrides), results)
+  return out_dir, results

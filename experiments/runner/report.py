@@ -1,0 +1,132 @@
+"""What runs leave for people to read: `summary.md` per run, the claims report `report.md` over runs, and the
+`--help` config table."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import typing
+from typing import Any
+
+from experiments.runner import overrides
+
+
+def fmt(v) -> str:
+  if isinstance(v, float):
+    return f"{v:.4g}" if math.isfinite(v) else str(v)
+  return str(v)
+
+
+def results_table(results: dict) -> str:
+  lines = ["| key | value |", "|---|---|"]
+  lines += [f"| {k} | {fmt(v)} |" for k, v in results.items()]
+  return "\n".join(lines)
+
+
+def plots_in(run_dir: str) -> list[str]:
+  return sorted(f for f in os.listdir(run_dir) if f.lower().endswith(".png")) if os.path.isdir(run_dir) else []
+
+
+def write_summary(run_dir: str, name: str, preset: str, overrides: list, results: dict) -> str:
+  path = os.path.join(run_dir, "summary.md")
+  lines = [f"# {name} ({preset})", ""]
+  if overrides:
+    lines += ["Overrides: " + " ".join(f"`{o}`" for o in overrides), ""]
+  lines += [results_table(results), ""]
+  lines += [f"![{p}]({p})" for p in plots_in(run_dir)]
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+  return path
+
+
+def _cell(text) -> str:
+  return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def papers_table(report: dict) -> str:
+  """One line per paper: its experiments and how many of its claims reproduced at the report's preset."""
+  lines = ["| paper | title | experiments | claims at this preset |", "|---|---|---|---|"]
+  for short, p in report["papers"].items():
+    if not p["experiments"]:
+      status = "not yet implemented"
+    else:
+      verdicts = [c["verdict"] for c in p["claims"]]
+      counts = {v: sum(1 for x in verdicts if x.split(" (")[0] == v) for v in dict.fromkeys(
+          x.split(" (")[0] for x in verdicts)}
+      status = ", ".join(f"{n} {v}" for v, n in counts.items()) or "no claims declared"
+    lines.append(f"| {short} | {_cell(p['title'])} | {', '.join(p['experiments']) or '-'} | {status} |")
+  return "\n".join(lines)
+
+
+def claims_table(claims: list[dict]) -> str:
+  lines = ["| claim | paper's figure | ours | verdict |", "|---|---|---|---|"]
+  for c in claims:
+    ours = "; ".join(f"{k} = {v}" for k, v in c["ours"].items())
+    lines.append(f"| {_cell(c['claim'])} | {_cell(c['paper'])} | {_cell(ours)} | {c['verdict']} |")
+  return "\n".join(lines)
+
+
+def write_report(root: str, report: dict) -> str:
+  """`root/report.md` from a claims report (`reproduce.build`): the papers table, then per paper its claims,
+  each run's results and plots, then the experiments that belong to no paper."""
+  path = os.path.join(root, "report.md")
+  m = report["machine"]
+  lines = [f"# jaxlab claims report (preset {report['preset']})", "",
+           f"Generated {report['generated']} on {m['processor']}, {m['cpus']} CPUs, {m['backend']} x "
+           f"{m['devices']} (jax {m['jax']}; {m['platform']}); seeds per experiment: {report['seeds']}. "
+           "Verdicts are computed from results.json only.", "", papers_table(report), ""]
+  done = set()
+
+  def runs(name):
+    e = report["experiments"][name]
+    out = [f"### {name}", ""]
+    if e.get("error"):
+      return out + [f"**Failed:** `{e['error']}`", ""]
+    for run_dir, results in zip(e.get("run_dirs", []), e.get("results_per_seed", [])):
+      out += [f"Run directory: `{run_dir}`", "", results_table(results), ""]
+      out += [f"![{name}: {p}]({os.path.relpath(os.path.join(run_dir, p), root)})" for p in plots_in(run_dir)]
+      out.append("")
+    return out
+
+  for short, p in report["papers"].items():
+    if not p["experiments"]:
+      continue
+    lines += [f"## {short}: {p['title']}", "", claims_table(p["claims"]), ""]
+    for name in p["experiments"]:
+      lines += runs(name)
+      done.add(name)
+  for name in report["experiments"]:
+    if name not in done:
+      lines += [f"## {name}", ""] + runs(name)[2:]
+  os.makedirs(root, exist_ok=True)
+  with open(path, "w") as f:
+    f.write("\n".join(lines))
+  return path
+
+
+def read_results(run_dir: str) -> dict:
+  with open(os.path.join(run_dir, "results.json")) as f:
+    return json.load(f)
+
+
+def describe_config(exp) -> str:
+  """A table of every `--set` key of `exp`: type and value in each preset (nested keys dotted)."""
+  hints: dict[str, Any] = {}
+
+  def walk(cls, prefix):
+    for f in dataclasses.fields(cls):
+      if not f.init:
+        continue
+      tp = typing.get_type_hints(cls).get(f.name, Any)
+      if dataclasses.is_dataclass(tp):
+        walk(tp, f"{prefix}{f.name}.")
+      else:
+        hints[f"{prefix}{f.name}"] = tp
+
+  walk(exp.config_cls, "")
+  values = {p: overrides.flatten(overrides.config_dict(c)) for p, c in exp.presets.items()}
+  rows = [("key", "type", *values)]
+  rows += [(k, overrides.type_name(tp), *(fmt(v.get(k, "-")) for v in values.values())) for k, tp in hints.items()]
+  widths = [min(40, max(len(str(r[i])) for r in rows)) for i in range(len(rows[0]))]
+  return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)

@@ -1,0 +1,138 @@
+"""`python -m experiments reproduce`: every experiment (optionally over several seeds), then the claims report.
+
+Resumable: a (experiment, seed) whose run directory under the root already holds results for the same preset
+and config is read, not rerun (`force=True` reruns it into a fresh directory, keeping the old one); one that
+holds the same config without results (an interrupted run) is resumed. Seed k > 0 of an experiment sets its
+`seed_key` to the preset's value + k and runs in `root/NAME.seedK`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+import traceback
+from typing import Callable
+
+from experiments.runner import claims as claims_lib
+from experiments.runner import registry
+from experiments.runner.overrides import apply_overrides, config_dict
+from experiments.runner.report import write_report
+from experiments.runner.rundirs import has_results
+
+
+def _candidates(base: str):
+  yield base
+  i = 2
+  while os.path.isdir(f"{base}-{i}"):
+    yield f"{base}-{i}"
+    i += 1
+
+
+def _saved(run_dir: str) -> dict | None:
+  try:
+    with open(os.path.join(run_dir, "config.json")) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def matching_run(base: str, preset: str, cfg) -> tuple[str | None, bool]:
+  """(directory, done): the run under `base` or `base-K` with this preset and config (done when it has
+  results.json), or (None, False)."""
+  want = config_dict(cfg)
+  for d in _candidates(base):
+    meta = _saved(d)
+    if meta and meta.get("preset") == preset and meta.get("config") == want:
+      return os.path.abspath(d), os.path.exists(os.path.join(d, "results.json"))
+  return None, False
+
+
+def first_free(base: str) -> str:
+  """`base`, or the first `base-K` (K = 2, 3, ...) that holds no run."""
+  if not has_results(base):
+    return os.path.abspath(base)
+  i = 2
+  while has_results(f"{base}-{i}"):
+    i += 1
+  return os.path.abspath(f"{base}-{i}")
+
+
+def _duration(s: float) -> str:
+  s = int(round(s))
+  return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def machine() -> dict:
+  import jax
+  return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+          "cpus": os.cpu_count(), "backend": jax.default_backend(), "devices": jax.device_count(),
+          "jax": jax.__version__}
+
+
+def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = False,
+              on_error: Callable[[str, BaseException], None] | None = None) -> tuple[str, int]:
+  """Runs the experiments, writes `root/report.md` and `root/claims.json`; returns (report path, failures)."""
+  if seeds < 1:
+    raise ValueError(f"--seeds must be >= 1, found {seeds}")
+  exps = registry.experiments()
+  names = [n for n in exps if not only or n in only]
+  plan = []
+  for name in names:
+    exp = exps[name]
+    base_seed = getattr(exp.presets[preset], exp.seed_key) if exp.seed_key else None
+    for k in range(seeds if exp.seed_key else 1):
+      sets = () if k == 0 else (f"{exp.seed_key}={base_seed + k}",)
+      cfg = apply_overrides(exp.presets[preset], sets)
+      plan.append((name, k, sets, os.path.join(root, name if k == 0 else f"{name}.seed{k}"), cfg))
+  entries = {name: {"name": name, "run_dirs": [], "results_per_seed": []} for name in names}
+  failed, t_start, ran_s, ran_n = 0, time.time(), 0.0, 0
+  for name, err in registry.import_errors().items():
+    if not only or name in only:
+      entries[name] = {"name": name, "error": f"import failed: {err}"}
+      failed += 1
+  for i, (name, k, sets, base, cfg) in enumerate(plan):
+    elapsed = time.time() - t_start
+    left = "" if not ran_n else f", about {_duration(ran_s / ran_n * (len(plan) - i))} left"
+    label = name + (f" seed +{k}" if k else "")
+    print(f"=== [{i + 1}/{len(plan)}] {label} ({preset}); elapsed {_duration(elapsed)}{left}", flush=True)
+    out_dir, done = matching_run(base, preset, cfg)
+    if done and not force:
+      print(f"    {out_dir} already holds these results; not rerun (--force reruns)", flush=True)
+      results = registry.read_results(out_dir)
+    else:
+      resume = out_dir is not None and not done  # an interrupted run of this config continues
+      if not resume:  # a fresh directory; a finished run (with --force) is kept
+        out_dir = first_free(base)
+      t0 = time.time()
+      try:
+        out_dir, results = registry.run_experiment(name, preset, sets, out_dir, resume)
+      except Exception as e:  # noqa: BLE001  (one failed experiment must not hide the others' results)
+        (on_error or (lambda n, x: traceback.print_exc()))(name, e)
+        entries[name]["error"] = f"{type(e).__name__}: {e}"
+        failed += 1
+        continue
+      ran_s, ran_n = ran_s + time.time() - t0, ran_n + 1
+    entries[name]["run_dirs"].append(out_dir)
+    entries[name]["results_per_seed"].append(results)
+  report = build(list(entries.values()), exps, preset, seeds)
+  os.makedirs(root, exist_ok=True)
+  with open(os.path.join(root, "claims.json"), "w") as f:
+    json.dump(report, f, indent=1, default=str)
+  return write_report(root, report), failed
+
+
+def build(entries: list[dict], exps: dict, preset: str, seeds: int) -> dict:
+  """The claims report as data: per paper its experiments' claim verdicts; per experiment its runs."""
+  papers = {short: {"title": title, "experiments": [], "claims": []} for short, title in claims_lib.PAPERS.items()}
+  for e in entries:
+    exp = exps.get(e["name"])
+    if exp is None or exp.paper is None:
+      continue
+    papers[exp.paper]["experiments"].append(e["name"])
+    per_seed = e.get("results_per_seed", []) if not e.get("error") else []
+    papers[exp.paper]["claims"] += [dict(claims_lib.verdict(c, per_seed, preset), experiment=e["name"])
+                                    for c in exp.claims]
+  return {"preset": preset, "seeds": seeds, "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+          "machine": machine(), "papers": papers,
+          "experiments": {e["name"]: {k: v for k, v in e.items() if k != "name"} for e in entries}}
