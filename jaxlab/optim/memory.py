@@ -23,6 +23,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxlab.models import transformer as tfm
+from jaxlab.optim import registry
+
 
 def tree_bytes(tree) -> int:
   """Sum of size * itemsize over the leaves (arrays or ShapeDtypeStructs)."""
@@ -31,8 +34,7 @@ def tree_bytes(tree) -> int:
 
 def _optimizer(optimizer) -> optax.GradientTransformation:
   if isinstance(optimizer, str):
-    from jaxlab import optim
-    return optim.get(optimizer, 1e-3)
+    return registry.get(optimizer, 1e-3)
   return optimizer
 
 
@@ -48,7 +50,6 @@ def state_bytes(optimizer, params_shapes) -> int:
 
 def param_shapes(cfg, param_dtype=None):
   """ShapeDtypeStructs of `transformer.init(cfg)` (in `param_dtype` when given)."""
-  from jaxlab.models import transformer as tfm
   if param_dtype is not None:
     cfg = cfg.replace(param_dtype=jnp.dtype(param_dtype).name)
   return jax.eval_shape(lambda: tfm.init(cfg, jax.random.key(0)))
