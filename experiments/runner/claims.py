@@ -39,6 +39,7 @@ PAPERS = {
 
 REPRODUCED, NOT_REPRODUCED, UNSTABLE, NOT_MEASURABLE = ("reproduced", "not reproduced", "unstable",
                                                         "not measurable at this preset")
+NOT_RUN, FAILED = "not run in this report", "experiment failed"
 _KEY = re.compile(r"\{([^{}]+)\}")
 
 

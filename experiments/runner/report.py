@@ -79,8 +79,10 @@ def write_report(root: str, report: dict) -> str:
   done = set()
 
   def runs(name):
-    e = report["experiments"][name]
     out = [f"### {name}", ""]
+    if name not in report["experiments"]:
+      return out + ["Not run in this report.", ""]
+    e = report["experiments"][name]
     if e.get("error"):
       return out + [f"**Failed:** `{e['error']}`", ""]
     for run_dir, results in zip(e.get("run_dirs", []), e.get("results_per_seed", [])):

@@ -125,14 +125,20 @@ def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = F
 def build(entries: list[dict], exps: dict, preset: str, seeds: int) -> dict:
   """The claims report as data: per paper its experiments' claim verdicts; per experiment its runs."""
   papers = {short: {"title": title, "experiments": [], "claims": []} for short, title in claims_lib.PAPERS.items()}
-  for e in entries:
-    exp = exps.get(e["name"])
-    if exp is None or exp.paper is None:
+  by_name = {e["name"]: e for e in entries}
+  for name, exp in exps.items():
+    if exp.paper is None:
       continue
-    papers[exp.paper]["experiments"].append(e["name"])
-    per_seed = e.get("results_per_seed", []) if not e.get("error") else []
-    papers[exp.paper]["claims"] += [dict(claims_lib.verdict(c, per_seed, preset), experiment=e["name"])
-                                    for c in exp.claims]
+    papers[exp.paper]["experiments"].append(name)
+    e = by_name.get(name)
+    for c in exp.claims:
+      if e is None:
+        v = dict(claims_lib.verdict(c, [], preset), verdict=claims_lib.NOT_RUN)
+      elif e.get("error"):
+        v = dict(claims_lib.verdict(c, [], preset), verdict=claims_lib.FAILED)
+      else:
+        v = claims_lib.verdict(c, e["results_per_seed"], preset)
+      papers[exp.paper]["claims"].append(dict(v, experiment=name))
   return {"preset": preset, "seeds": seeds, "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
           "machine": machine(), "papers": papers,
           "experiments": {e["name"]: {k: v for k, v in e.items() if k != "name"} for e in entries}}

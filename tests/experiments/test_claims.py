@@ -115,3 +115,14 @@ def test_the_projects_readme_carries_a_generated_table():
   block = text.split(readme_lib.BEGIN)[1].split(readme_lib.END)[0]
   rows = [line.split("|")[1].strip() for line in block.splitlines() if line.startswith("| ") and "---" not in line]
   assert rows[1:] == list(claims_lib.PAPERS)
+
+
+def test_experiments_left_out_or_failing_are_reported_as_such(toy, tmp_path, monkeypatch):
+  root = str(tmp_path / "runs")
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_b"]) == 0
+  claims = json.load(open(os.path.join(root, "claims.json")))["papers"]["scale"]
+  assert claims["experiments"] == ["toy_a"] and {c["verdict"] for c in claims["claims"]} == {"not run in this report"}
+  monkeypatch.setitem(toy, "toy_a", dataclasses.replace(toy["toy_a"], run=lambda *a: 1 / 0))
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 1
+  claims = json.load(open(os.path.join(root, "claims.json")))["papers"]["scale"]
+  assert {c["verdict"] for c in claims["claims"]} == {"experiment failed"}
