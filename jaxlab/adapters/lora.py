@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxlab import hf
+from jaxlab.hf import io as hf_io
 from jaxlab.nn import axes
 
 SHORTCUTS = {
@@ -224,7 +226,6 @@ def masked(tx: optax.GradientTransformation, params, trainable: Sequence[str]) -
 
 def _hf_modules(model_cfg) -> dict[str, tuple[str, bool]]:
   """{kernel path: (HF module name, possibly with "{i}", stacked?)} for the linears of the model's family."""
-  from jaxlab import hf
   fam = hf.family_of(model_cfg)
   out = {}
   for t in fam.tensors(model_cfg):
@@ -243,7 +244,6 @@ def export_peft(path: str, adapter, cfg: Config, model_cfg, base_model_name_or_p
     model_cfg: the base model's config (maps param paths to HF module names).
     base_model_name_or_path: recorded in adapter_config.json.
   """
-  from jaxlab.hf import io
   modules = _hf_modules(model_cfg)
   tensors, names = {}, set()
   for p, leaf in adapter.items():
@@ -263,14 +263,13 @@ def export_peft(path: str, adapter, cfg: Config, model_cfg, base_model_name_or_p
           "alpha_pattern": {}, "modules_to_save": None, "layers_to_transform": None, "layers_pattern": None,
           "inference_mode": True, "base_model_name_or_path": base_model_name_or_path}
   os.makedirs(path, exist_ok=True)
-  io.write_file(os.path.join(path, "adapter_model.safetensors"), tensors)
+  hf_io.write_file(os.path.join(path, "adapter_model.safetensors"), tensors)
   with open(os.path.join(path, "adapter_config.json"), "w") as f:
     json.dump(conf, f, indent=2)
 
 
 def import_peft(path: str, model_cfg, dtype=jnp.float32) -> tuple[Config, dict]:
   """(cfg, adapter) from a PEFT LoRA directory for a base model with config `model_cfg`."""
-  from jaxlab.hf import io
   with open(os.path.join(path, "adapter_config.json")) as f:
     conf = json.load(f)
   if conf.get("peft_type") != "LORA":
@@ -280,7 +279,7 @@ def import_peft(path: str, model_cfg, dtype=jnp.float32) -> tuple[Config, dict]:
       raise ValueError(f"{path}: per-module {key} is not supported, found {conf[key]}")
   if conf.get("use_dora") or conf.get("fan_in_fan_out") or conf.get("bias", "none") != "none":
     raise ValueError(f"{path}: only plain LoRA (no DoRA, fan_in_fan_out, or biases) is supported")
-  tensors = io.read_file(os.path.join(path, "adapter_model.safetensors"))
+  tensors = hf_io.read_file(os.path.join(path, "adapter_model.safetensors"))
   tensors = {re.sub(r"\.lora_(A|B)\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in tensors.items()}
   adapter, used = {}, set()
   n_layers = getattr(model_cfg, "n_layers", None)

@@ -2,7 +2,8 @@
 
 `load(path)` reads a transformers-format directory (single or sharded safetensors, fp32/bf16/fp16), or a
 llama.cpp `.gguf` file (jaxlab.hf.gguf), and returns (config, params) of the matching jaxlab family;
-`save(path, cfg, params)` writes a directory that transformers' `from_pretrained` loads. Families register themselves with `register`.
+`save(path, cfg, params)` writes a directory that transformers' `from_pretrained` loads. Families register with
+`register` (the registry lives in jaxlab.hf.family).
 """
 from __future__ import annotations
 
@@ -12,29 +13,7 @@ import os
 import numpy as np
 
 from jaxlab.hf import family as _family, io
-from jaxlab.hf.family import Family, Tensor
-
-_FAMILIES: list[Family] = []
-
-
-def register(fam: Family) -> None:
-  _FAMILIES.append(fam)
-
-
-def _by_model_type(mt: str) -> Family:
-  for fam in reversed(_FAMILIES):
-    if mt in fam.model_types:
-      return fam
-  known = sorted(t for f in _FAMILIES for t in f.model_types)
-  raise ValueError(f"unknown architecture: model_type {mt!r}; jaxlab loads {known}")
-
-
-def family_of(cfg) -> Family:
-  """The registered family whose config class `cfg` is."""
-  for fam in reversed(_FAMILIES):
-    if isinstance(cfg, fam.config_cls):
-      return fam
-  raise TypeError(f"no Hugging Face family for config type {type(cfg).__name__}")
+from jaxlab.hf.family import Family, Tensor, family_of, register
 
 
 def read_config(path: str) -> dict:
@@ -56,7 +35,7 @@ def load(path: str, dtype=None):
   d = read_config(path)
   if "model_type" not in d:
     raise ValueError(f"{path}/config.json has no model_type")
-  fam = _by_model_type(d["model_type"])
+  fam = _family.by_model_type(d["model_type"])
   cfg = fam.config_from_hf(d)
   tensors = io.read_dir(path)
   _family.check(fam, cfg, tensors, path)
@@ -90,7 +69,8 @@ from jaxlab.hf import decoder as _decoder  # noqa: E402
 
 register(_decoder.FAMILY)
 from jaxlab.hf import vision as _vision  # noqa: E402,F401  (registers its families on import)
-from jaxlab.hf import llada as _llada  # noqa: E402,F401  (registers the LLaDA and Dream families)
+from jaxlab.hf import llada as _llada  # noqa: E402
 from jaxlab.hf import encoder as _encoder  # noqa: E402
 
+register(_llada.FAMILY)
 register(_encoder.FAMILY)

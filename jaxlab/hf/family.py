@@ -1,8 +1,10 @@
-"""A model family's bridge to Hugging Face checkpoints: config translation plus a tensor name map.
+"""A model family's bridge to Hugging Face checkpoints: config translation plus a tensor name map; the registry.
 
 Each family lists its tensors as `Tensor(hf_name, param_path, transpose)`; names containing "{i}" are per
 layer and stack onto the leading `layers` axis of the jaxlab param. Loading checks every name and shape
 before building anything, so a bad checkpoint fails with the tensor, the expected and the found shape.
+Families are registered here (`register`) and looked up by HF `model_type` or by jaxlab config class; the
+latest registration wins.
 """
 from __future__ import annotations
 
@@ -34,6 +36,31 @@ class Family:
   n_layers: Callable[[Any], int]
   ignore: tuple[str, ...] = ("rotary_emb.inv_freq",)  # substrings of checkpoint names that carry no params
   redundant: Callable[[Any], tuple[str, ...]] = lambda cfg: ()  # names allowed but unused (tied copies)
+
+
+FAMILIES: list[Family] = []
+
+
+def register(fam: Family) -> None:
+  """Adds `fam` to the registry (`jaxlab.hf.register` is this function)."""
+  FAMILIES.append(fam)
+
+
+def by_model_type(mt: str) -> Family:
+  """The latest registered family that reads config.json's `model_type` `mt`."""
+  for fam in reversed(FAMILIES):
+    if mt in fam.model_types:
+      return fam
+  known = sorted(t for f in FAMILIES for t in f.model_types)
+  raise ValueError(f"unknown architecture: model_type {mt!r}; jaxlab loads {known}")
+
+
+def family_of(cfg) -> Family:
+  """The registered family whose config class `cfg` is."""
+  for fam in reversed(FAMILIES):
+    if isinstance(cfg, fam.config_cls):
+      return fam
+  raise TypeError(f"no Hugging Face family for config type {type(cfg).__name__}")
 
 
 def _count(fam: "Family", cfg, t: Tensor) -> int:

@@ -148,8 +148,3 @@ def _redundant(cfg: mdm.Config) -> tuple[str, ...]:
 FAMILY = Family(model_types=("llada", "Dream"), config_cls=mdm.Config, config_from_hf=config_from_hf,
                 config_to_hf=config_to_hf, tensors=tensors, init=mdm.init, n_layers=lambda c: c.n_layers,
                 redundant=_redundant)
-
-from jaxlab import hf as _hf  # noqa: E402
-
-if FAMILY not in _hf._FAMILIES:
-  _hf.register(FAMILY)
