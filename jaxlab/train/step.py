@@ -1,4 +1,4 @@
-"""The jitted train step: masked next-token loss, gradient accumulation, mixed precision, non-finite guard.
+"""The jitted train step of any model: a loss function, gradient accumulation, mixed precision, non-finite guard.
 
 Mixed precision follows Micikevicius et al. (arXiv 1710.03740): fp32 master params are cast to the compute
 dtype inside the loss, so gradients flow back to fp32 through the cast; the log-softmax runs in fp32. With
@@ -6,57 +6,29 @@ dtype inside the loss, so gradients flow back to fp32 through the cast; the log-
 `jax.lax.scan`, then divided by the total token count, so the update equals the full-batch one. A step whose
 loss or gradient is not finite leaves the state untouched and reports which gradient leaves were non-finite.
 
-A loss function has the signature `loss_fn(params, batch, rng) -> (loss_sum, weight)`: the summed loss over
-the batch and the number of items (tokens) it sums over.
+The step knows no model: it takes a `jaxlab.losses.LossFn`, `loss_fn(params, batch, rng) -> (loss_sum,
+weight)`, the summed loss over the batch and the number of items (tokens) it sums over. `lm_loss_fn` and
+`next_token_nll` are `jaxlab.losses`'s, kept here for existing callers.
 
-Axes: B batch, T positions, V vocab, M microbatches.
+Axes: B batch, M microbatches.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxlab import losses
 from jaxlab import sharding as shd
-from jaxlab.models import transformer as tfm
 from jaxlab.nn import axes as axes_lib
 from jaxlab.train.state import TrainState, state_shardings
 
-LossFn = Callable[[Any, dict, jax.Array], tuple[jax.Array, jax.Array]]
-
-
-def next_token_nll(logits_BTV, targets_BT, mask_BT=None):
-  """(sum of masked token NLLs, number of masked-in tokens), with the log-softmax in fp32."""
-  logits = logits_BTV.astype(jnp.float32)
-  lse = jax.nn.logsumexp(logits, axis=-1)
-  picked = jnp.take_along_axis(logits, targets_BT[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  nll = lse - picked
-  mask = jnp.ones_like(nll) if mask_BT is None else mask_BT.astype(jnp.float32)
-  return jnp.sum(nll * mask), jnp.sum(mask)
-
-
-def lm_loss_fn(cfg: tfm.Config, document_mask: bool = True) -> LossFn:
-  """Next-token loss of `tfm.forward` on packed batches (keys inputs, targets, loss_mask[, segment_ids, positions]).
-
-  Args:
-    cfg: the model config (its `dtype` is the compute dtype).
-    document_mask: with `segment_ids` in the batch, tokens attend only within their own document piece
-      (and `positions` restart per piece) instead of across the packed row.
-  """
-  def loss_fn(params, batch, rng):
-    del rng
-    kw = {}
-    if document_mask and "segment_ids" in batch:
-      seg = batch["segment_ids"]
-      kw["attn_mask_BTS"] = seg[:, :, None] == seg[:, None, :]
-      if "positions" in batch:
-        kw["positions_BT"] = batch["positions"]
-    logits = tfm.forward(params, batch["inputs"], cfg, **kw).logits
-    return next_token_nll(logits, batch["targets"], batch.get("loss_mask"))
-  return loss_fn
+LossFn = losses.LossFn
+next_token_nll = losses.next_token_nll
+lm_loss_fn = losses.lm_loss_fn
 
 
 def cast_floats(tree, dtype):
