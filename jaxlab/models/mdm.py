@@ -10,16 +10,17 @@ i is read at position i-1 and position 0 reads its own output, i.e. logits[:, i]
 
 Loss (LLaDA GUIDELINES.md): per sequence t ~ U(0, 1], p = (1 - eps) t + eps; each token is replaced by [MASK]
 with probability p; cross-entropy on the masked tokens weighted 1/p.
-  pretraining: sum over masked tokens of CE/p, divided by B*L.
+  pretraining: sum over masked tokens of CE/p, divided by B*T.
   SFT: prompt tokens are never masked; each sequence's sum of CE/p is divided by its answer length (everything
     after the prompt, the EOS padding included: LLaDA pads answers with EOS and trains on them), then averaged
     over the batch.
 
-Axes: B batch, L sequence, V vocab.
+Axes: B batch, T positions, V vocab.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Sequence
 
 import jax
@@ -32,6 +33,16 @@ from jaxlab.nn.rope import Rope
 Output = tfm.Output
 init_cache = tfm.init_cache
 num_params = tfm.num_params
+
+
+def _old_axis_names(fn):
+  """Also accepts the keywords of the former B-L naming (tokens_BL, logits_BLV, masked_BL) as their _BT names."""
+  @functools.wraps(fn)
+  def wrapped(*args, **kw):
+    for old in [k for k in kw if k.endswith(("_BL", "_BLV"))]:
+      kw[old.replace("_BL", "_BT")] = kw.pop(old)
+    return fn(*args, **kw)
+  return wrapped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,66 +115,71 @@ def init(cfg: Config, key) -> dict:
   return tfm.init(cfg, key)
 
 
-def shift(logits_BLV):
+@_old_axis_names
+def shift(logits_BTV):
   """Dream's alignment: out[:, 0] = logits[:, 0], out[:, i] = logits[:, i-1]."""
-  return jnp.concatenate([logits_BLV[:, :1], logits_BLV[:, :-1]], axis=1)
+  return jnp.concatenate([logits_BTV[:, :1], logits_BTV[:, :-1]], axis=1)
 
 
-def forward(params, tokens_BL, cfg: Config, **kw) -> Output:
-  """Logits [B, L, V] whose position i predicts token i (Dream's shift applied when `cfg.shift_logits`).
+@_old_axis_names
+def forward(params, tokens_BT, cfg: Config, **kw) -> Output:
+  """Logits [B, T, V] whose position i predicts token i (Dream's shift applied when `cfg.shift_logits`).
 
   Args:
     params: from `init` or `hf.load`.
-    tokens_BL: int tokens, [MASK] where hidden.
+    tokens_BT: int tokens, [MASK] where hidden.
     cfg: the model config.
     **kw: passed to `transformer.forward` (attention_mask_BT, positions_BT, attn_mask_BTS, cache, capture...).
   """
   if not isinstance(cfg, Config):
     raise TypeError(f"mdm.forward expects an mdm.Config, found {type(cfg).__name__}")
-  out = tfm.forward(params, tokens_BL, cfg, **kw)
+  out = tfm.forward(params, tokens_BT, cfg, **kw)
   return out._replace(logits=shift(out.logits)) if cfg.shift_logits else out
 
 
-def forward_process(key, tokens_BL, mask_token_id: int, *, prompt_len_B=None, eps: float = 1e-3):
+@_old_axis_names
+def forward_process(key, tokens_BT, mask_token_id: int, *, prompt_len_B=None, eps: float = 1e-3):
   """LLaDA's forward (noising) process.
 
   Returns:
-    (noisy_BL, masked_BL, p_B): tokens with [MASK] where masked, the boolean mask, and each row's masking
+    (noisy_BT, masked_BT, p_B): tokens with [MASK] where masked, the boolean mask, and each row's masking
     probability p = (1 - eps) t + eps with t ~ U[0, 1). Positions < prompt_len_B are never masked.
   """
-  b, l = tokens_BL.shape
+  b, length = tokens_BT.shape
   kt, km = jax.random.split(key)
   p_B = (1.0 - eps) * jax.random.uniform(kt, (b,)) + eps
-  masked = jax.random.uniform(km, (b, l)) < p_B[:, None]
+  masked = jax.random.uniform(km, (b, length)) < p_B[:, None]
   if prompt_len_B is not None:
-    masked &= jnp.arange(l)[None, :] >= jnp.asarray(prompt_len_B)[:, None]
-  return jnp.where(masked, mask_token_id, tokens_BL), masked, p_B
+    masked &= jnp.arange(length)[None, :] >= jnp.asarray(prompt_len_B)[:, None]
+  return jnp.where(masked, mask_token_id, tokens_BT), masked, p_B
 
 
-def masked_ce(logits_BLV, tokens_BL, masked_BL, p_B, *, prompt_len_B=None):
+@_old_axis_names
+def masked_ce(logits_BTV, tokens_BT, masked_BT, p_B, *, prompt_len_B=None):
   """The LLaDA objective from logits (see module docstring); `prompt_len_B` given selects the SFT form.
 
   Returns:
     (loss, masked_token_count).
   """
-  b, l = tokens_BL.shape
-  logp = jax.nn.log_softmax(logits_BLV.astype(jnp.float32), axis=-1)
-  ce = -jnp.take_along_axis(logp, tokens_BL[..., None], axis=-1)[..., 0]
-  w = jnp.where(masked_BL, ce / p_B[:, None], 0.0)
+  b, length = tokens_BT.shape
+  logp = jax.nn.log_softmax(logits_BTV.astype(jnp.float32), axis=-1)
+  ce = -jnp.take_along_axis(logp, tokens_BT[..., None], axis=-1)[..., 0]
+  w = jnp.where(masked_BT, ce / p_B[:, None], 0.0)
   if prompt_len_B is None:
-    loss = jnp.sum(w) / (b * l)
+    loss = jnp.sum(w) / (b * length)
   else:
-    answer_len = jnp.maximum(l - jnp.asarray(prompt_len_B), 1).astype(jnp.float32)
+    answer_len = jnp.maximum(length - jnp.asarray(prompt_len_B), 1).astype(jnp.float32)
     loss = jnp.mean(jnp.sum(w, axis=1) / answer_len)
-  return loss, jnp.sum(masked_BL)
+  return loss, jnp.sum(masked_BT)
 
 
-def loss(params, tokens_BL, cfg: Config, key, *, prompt_len_B=None, eps: float = 1e-3):
+@_old_axis_names
+def loss(params, tokens_BT, cfg: Config, key, *, prompt_len_B=None, eps: float = 1e-3):
   """Masked-diffusion training loss on clean tokens (pretraining, or SFT when `prompt_len_B` is given).
 
   Args:
     params: model params.
-    tokens_BL: clean int tokens; for SFT, prompt then answer padded with EOS to L.
+    tokens_BT: clean int tokens; for SFT, prompt then answer padded with EOS to T.
     cfg: the model config.
     key: PRNG key for t and the masks.
     prompt_len_B: int [B] prompt lengths (SFT) or None (pretraining).
@@ -172,9 +188,9 @@ def loss(params, tokens_BL, cfg: Config, key, *, prompt_len_B=None, eps: float =
   Returns:
     (loss, metrics dict with "masked_tokens" and "mask_rate").
   """
-  noisy, masked, p_B = forward_process(key, tokens_BL, cfg.mask_token_id, prompt_len_B=prompt_len_B, eps=eps)
+  noisy, masked, p_B = forward_process(key, tokens_BT, cfg.mask_token_id, prompt_len_B=prompt_len_B, eps=eps)
   logits = forward(params, noisy, cfg).logits
-  value, n = masked_ce(logits, tokens_BL, masked, p_B, prompt_len_B=prompt_len_B)
+  value, n = masked_ce(logits, tokens_BT, masked, p_B, prompt_len_B=prompt_len_B)
   return value, {"masked_tokens": n, "mask_rate": jnp.mean(p_B)}
 
 
