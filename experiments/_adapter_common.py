@@ -15,26 +15,20 @@ import os
 
 import jax
 import numpy as np
-import optax
 
-from experiments import lm_pretrain
+from experiments._shared.data import load_corpus
+from experiments._shared.recipes import byte_model, fit, optimizer
 from jaxlab import data as data_lib
-from jaxlab import hf
+from jaxlab import hf, losses
 from jaxlab import sharding as shd
 from jaxlab.data import tasks
 from jaxlab.generate import sampling
 from jaxlab.models import transformer as tfm
-from jaxlab.train import loop as loop_lib
 from jaxlab.train import metrics as metrics_lib
 from jaxlab.train import schedules
 from jaxlab.train import state as state_lib
-from jaxlab.train import step as step_lib
 
 REQUIRED = "REQUIRED:"
-
-
-def byte_model(d: int, layers: int, heads: int, ff: int, maxlen: int = 128) -> tfm.Config:
-  return lm_pretrain._byte_model(d, layers, heads, ff, maxlen)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +146,7 @@ def sft_loss_fn(model_cfg: tfm.Config):
   def loss_fn(params, batch, rng):
     del rng
     logits = tfm.forward(params, batch["inputs"], model_cfg).logits
-    return step_lib.next_token_nll(logits, batch["targets"], batch["loss_mask"])
+    return losses.next_token_nll(logits, batch["targets"], batch["loss_mask"])
   return loss_fn
 
 
@@ -249,16 +243,16 @@ def pretrain(setup: Setup, tok, writer, seed: int) -> tuple[dict, list]:
   """A byte-level base pretrained here on equations over training pairs (and `pretrain_mix` text)."""
   texts = tasks.pretrain_texts(setup.arithmetic(), setup.pretrain_docs, 4, setup.pretrain_statements, seed)
   if setup.pretrain_mix:
-    mix = lm_pretrain.load_corpus(setup.pretrain_mix, setup.pretrain_docs // 4)
+    mix = load_corpus(setup.pretrain_mix, setup.pretrain_docs // 4)
     texts += [mix[i] for i in range(len(mix))]
   it = data_lib.lm_batches(data_lib.from_texts(texts), tok, setup.pretrain_seq_len, setup.pretrain_batch,
                            seed=seed, split=None, add_bos=True)
   steps = setup.pretrain_steps
   schedule = schedules.get("cosine", setup.pretrain_lr, steps, max(1, steps // 10), 0.1)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=0.0))
+  tx = optimizer(schedule, "adamw", grad_clip=1.0, b1=0.9, b2=0.95, weight_decay=0.0)
   state = state_lib.init_state(functools.partial(tfm.init, setup.model), tx, seed)
-  step = step_lib.jit_train_step(step_lib.make_train_step(step_lib.lm_loss_fn(setup.model), tx, schedule=schedule))
-  res = loop_lib.train_loop(state, step, it, steps, log_every=max(1, steps // 20), desc="pretrain")
+  res, _ = fit(state, losses.lm_loss_fn(setup.model), tx, it, steps, schedule=schedule,
+               log_every=max(1, steps // 20), desc="pretrain")
   for r in res.history:
     writer.write({"phase": "pretrain", **r})
   return res.state.params, res.history

@@ -192,7 +192,7 @@ def bench_input(argv) -> dict:
   those batches with the next batch read while the step runs (as it is) against a step that blocks before the
   next read (host and device in series), in alternating rounds."""
   import optax
-  from experiments.lm_pretrain import load_corpus
+  from experiments._shared.data import load_corpus
   from jaxlab import data as data_lib
   from jaxlab.train import loop as loop_lib, state as st, step as sp
   p = _parser("input", hf=False)

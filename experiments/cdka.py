@@ -32,18 +32,16 @@ import os
 
 import jax
 import numpy as np
-import optax
 
 from experiments import _adapter_common as common
 from experiments import registry
+from experiments._shared.recipes import fit, optimizer
 from experiments.runner.claims import Claim
 from jaxlab.adapters import kron, lora
 from jaxlab.data import tasks
 from jaxlab.models import transformer as tfm
-from jaxlab.train import loop as loop_lib
 from jaxlab.train import schedules
 from jaxlab.train import state as state_lib
-from jaxlab.train import step as step_lib
 
 METHODS = ("full", "lora", "cdka", "cdka_alt")
 PREFS = ("rank", "shape")
@@ -175,8 +173,7 @@ def finetune(cfg: Config, ctx: common.Context, lr: float, adapter_mod, adapter_c
     (effective params, trainable param count, loss history).
   """
   schedule = schedules.get("cosine", lr, cfg.steps, cfg.warmup_steps, 0.1)
-  inner = optax.adamw(schedule, weight_decay=cfg.weight_decay)
-  inner = optax.chain(optax.clip_by_global_norm(cfg.grad_clip), inner) if cfg.grad_clip > 0 else inner
+  inner = optimizer(schedule, "adamw", cfg.grad_clip, weight_decay=cfg.weight_decay)
   base = jax.tree.map(lambda x: x.copy(), ctx.params)  # the train step donates its state
   sft_loss = common.sft_loss_fn(ctx.model)
   if adapter_mod is None:
@@ -192,11 +189,9 @@ def finetune(cfg: Config, ctx: common.Context, lr: float, adapter_mod, adapter_c
   state = state_lib.TrainState(params, tx.init(params), np.zeros((), np.int32), jax.random.PRNGKey(cfg.seed))
   if mesh is not None:
     state = state_lib.place(state, mesh, cfg.strategy)
-  step = step_lib.jit_train_step(step_lib.make_train_step(loss_fn, tx, schedule=schedule, mesh=mesh), state, mesh,
-                                 cfg.strategy)
   batches = common.sft_batches(ctx.train_arrays, cfg.batch_size, cfg.seed + 1)
-  res = loop_lib.train_loop(state, step, batches, cfg.steps, shard_fn=common.shard_fn(mesh),
-                            log_every=cfg.log_every, desc=f"cdka:{name}")
+  res, _ = fit(state, loss_fn, tx, batches, cfg.steps, mesh=mesh, strategy=cfg.strategy, schedule=schedule,
+               shard_fn=common.shard_fn(mesh), log_every=cfg.log_every, desc=f"cdka:{name}")
   for r in res.history:
     writer.write({"phase": "finetune", "method": name, **r})
   out = res.state.params

@@ -19,11 +19,13 @@ import math
 import os
 
 import jax
-import numpy as np
-import optax
 
 from experiments import registry
+from experiments._shared.data import load_corpus
+from experiments._shared.records import dedupe, median
+from experiments._shared.recipes import byte_model, compute_dtype, optimizer, train_step as make_step
 from jaxlab import data as data_lib
+from jaxlab import losses, optim
 from jaxlab import sharding as shd
 from jaxlab.models import transformer as tfm
 from jaxlab.train import loop as loop_lib
@@ -34,15 +36,9 @@ from jaxlab.train import step as step_lib
 from jaxlab.train.checkpoint import Checkpointer
 
 
-def _byte_model(d: int, layers: int, heads: int, ff: int, maxlen: int) -> tfm.Config:
-  return tfm.Config(vocab_size=264, d_model=d, n_layers=layers, n_heads=heads, d_ff=ff,
-                    max_position_embeddings=maxlen, bos_token_id=256, eos_token_id=257, pad_token_id=258)
-
-
 def check_train_fields(cfg) -> None:
   """Validates the optimizer fields shared by training configs (optimizer, lr, warmup_steps, steps, grad_clip,
   weight_decay, mesh), naming the field."""
-  from jaxlab import optim
   if cfg.optimizer not in optim.names():
     raise ValueError(f"optimizer must be one of {optim.names()}, found {cfg.optimizer!r}")
   if not (math.isfinite(cfg.lr) and cfg.lr > 0):
@@ -61,7 +57,7 @@ def check_train_fields(cfg) -> None:
 @dataclasses.dataclass(frozen=True)
 class Config:
   """lm_pretrain settings. batch_size is global (split over processes); lr is the peak rate."""
-  model: tfm.Config = _byte_model(64, 2, 4, 176, 512)
+  model: tfm.Config = byte_model(64, 2, 4, 176, 512)
   steps: int = 30
   batch_size: int = 8
   seq_len: int = 64
@@ -115,54 +111,13 @@ class Config:
 
 PRESETS = {
     "smoke": Config(max_docs=300, eval_batches=2),
-    "cpu": Config(model=_byte_model(256, 4, 4, 688, 512), steps=300, batch_size=16, seq_len=128, lr=2e-3,
+    "cpu": Config(model=byte_model(256, 4, 4, 688, 512), steps=300, batch_size=16, seq_len=128, lr=2e-3,
                   warmup_steps=30, eval_every=100, eval_batches=8, ckpt_every=100, log_every=10),
     "full": Config(model=dataclasses.replace(tfm.PRESETS["llama-60m"], dtype="bfloat16"), steps=10_000,
                    batch_size=512, seq_len=256, lr=1e-3, warmup_steps=1000, b2=0.999, weight_decay=0.0,
                    corpus="REQUIRED: --set corpus=PATH", tokenizer="byte", eval_every=1000, eval_batches=20,
                    ckpt_every=1000, log_every=50, mesh="fsdp:-1", strategy="fsdp"),
 }
-
-
-def load_corpus(spec: str, max_docs: int | None = None) -> data_lib.Corpus:
-  """"stdlib", "hf:NAME_OR_DIR", or a path: *.jsonl / *.parquet files, else plain text files."""
-  if spec == "stdlib":
-    return data_lib.stdlib_corpus(max_docs)
-  if spec.startswith("REQUIRED"):
-    raise ValueError(f"this preset needs a corpus path: {spec}")
-  if spec.startswith("hf:"):
-    docs = data_lib.hf_corpus(spec[3:])
-  elif ".jsonl" in spec or (os.path.isdir(spec) and any(f.endswith(".jsonl") for f in os.listdir(spec))):
-    docs = data_lib.jsonl_corpus(spec)
-  elif ".parquet" in spec or (os.path.isdir(spec) and any(f.endswith(".parquet") for f in os.listdir(spec))):
-    docs = data_lib.parquet_corpus(spec)
-  else:
-    docs = data_lib.text_corpus(spec)
-  return docs if max_docs is None else docs.subset(range(min(max_docs, len(docs))))
-
-
-def make_optimizer(cfg: Config, schedule) -> optax.GradientTransformation:
-  hp = {"b1": cfg.b1, "b2": cfg.b2, "weight_decay": cfg.weight_decay} if cfg.optimizer == "adamw" else {}
-  try:
-    from jaxlab import optim
-    tx = optim.get(cfg.optimizer, schedule, **hp)
-  except ImportError:
-    tx = optax.adamw(schedule, **hp)
-  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx) if cfg.grad_clip > 0 else tx
-
-
-def _dedupe(records: list[dict]) -> list[dict]:
-  """Last record per step (a resumed run re-logs the steps after its checkpoint), in step order."""
-  by_step: dict = {}
-  for r in records:
-    if "step" in r and "event" not in r:
-      by_step.setdefault(r["step"], {}).update(r)
-  return [by_step[s] for s in sorted(by_step)]
-
-
-def _median(xs) -> float:
-  xs = [x for x in xs if isinstance(x, (int, float)) and math.isfinite(x)]
-  return float(np.median(xs)) if xs else float("nan")
 
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
@@ -183,7 +138,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   val_start = val_it.get_state()
 
   schedule = schedules.get(cfg.schedule, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
-  tx = make_optimizer(cfg, schedule)
+  hp = {"b1": cfg.b1, "b2": cfg.b2, "weight_decay": cfg.weight_decay} if cfg.optimizer == "adamw" else {}
+  tx = optimizer(schedule, cfg.optimizer, cfg.grad_clip, **hp)
   init_params = functools.partial(tfm.init, cfg.model)
   ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=cfg.keep_ckpts)
   state = None
@@ -200,11 +156,10 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   if state is None:
     state = state_lib.init_state(init_params, tx, cfg.seed, mesh, cfg.strategy)
 
-  loss_fn = step_lib.lm_loss_fn(cfg.model)
-  compute = cfg.model.dtype if cfg.model.dtype != cfg.model.param_dtype else None
-  step_fn = step_lib.make_train_step(loss_fn, tx, microbatches=cfg.microbatches, compute_dtype=compute,
-                                     schedule=schedule, mesh=mesh)
-  train_step = step_lib.jit_train_step(step_fn, state, mesh, cfg.strategy)
+  loss_fn = losses.lm_loss_fn(cfg.model)
+  compute = compute_dtype(cfg.model)
+  train_step = make_step(loss_fn, tx, state, mesh, cfg.strategy, microbatches=cfg.microbatches, compute=compute,
+                         schedule=schedule)
   eval_step = step_lib.make_eval_step(loss_fn, compute)
   shard = functools.partial(shd.shard_batch, mesh=mesh)
 
@@ -220,11 +175,11 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                                metadata={"experiment": "lm_pretrain"}, desc="lm_pretrain")
   ckpt.close()
 
-  records = _dedupe(metrics_lib.read_jsonl(metrics_path))
+  records = dedupe(metrics_lib.read_jsonl(metrics_path))
   train = [r for r in records if "loss" in r]
   val = [r for r in records if "val_loss" in r]
   this_run = result.history
-  tps = _median(r.get("tokens_per_s") for r in this_run)
+  tps = median(r.get("tokens_per_s") for r in this_run)
   if jax.process_index() == 0:
     registry.plot_curves(os.path.join(out_dir, "loss.png"),
                          {"train": ([r["step"] for r in train], [r["loss"] for r in train]),

@@ -23,21 +23,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from experiments import registry
 from experiments.runner.claims import Claim
-from experiments.lm_pretrain import _dedupe, load_corpus
+from experiments._shared.data import load_corpus
+from experiments._shared.records import dedupe
+from experiments._shared.recipes import byte_model, compute_dtype, optimizer, train_step as make_step
 from jaxlab import data as data_lib
-from jaxlab import optim
+from jaxlab import losses
 from jaxlab import sharding as shd
 from jaxlab.models import transformer as tfm
 from jaxlab.optim import memory
@@ -98,11 +97,6 @@ def paper_learning_rates(size: str) -> LearningRates:
   lr, _, _, adam_lr = PAPER_SCHEDULE[size]
   return LearningRates(adamw=lr, sgd=100 * lr, sgd_colnorm=lr, colnorm_momentum=lr, scale=lr, galore=1e-2,
                        apollo=1e-2, muon=2e-2, vector=adam_lr, muon_adam=lr)
-
-
-def _byte_llama(d: int, layers: int, heads: int, ff: int, maxlen: int) -> tfm.Config:
-  return tfm.Config(vocab_size=264, d_model=d, n_layers=layers, n_heads=heads, d_ff=ff, max_position_embeddings=maxlen,
-                    bos_token_id=256, eos_token_id=257, pad_token_id=258)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,19 +200,17 @@ def make_optimizer(name: str, cfg: Config, plan: Plan) -> optax.GradientTransfor
   sched = lambda peak: schedules.get(cfg.schedule, peak, plan.steps, plan.warmup_steps, cfg.lr_floor)
   lr, wd = plan.lr[name], cfg.weight_decay
   if name == "adamw":
-    tx = optim.get(name, sched(lr), weight_decay=wd)
+    hp = {}
   elif name in COLUMN_FAMILY:
-    hp = {"momentum": cfg.momentum} if name in ("scale", "colnorm_momentum") else {}
-    tx = optim.get(name, sched(lr), adam_lr=plan.lr["vector"], peak_lr=lr, weight_decay=wd, **hp)
+    hp = {"adam_lr": plan.lr["vector"], "peak_lr": lr}
+    hp.update({"momentum": cfg.momentum} if name in ("scale", "colnorm_momentum") else {})
   elif name == "galore":
-    tx = optim.get(name, sched(lr), rank=plan.rank, update_proj_gap=cfg.update_proj_gap, scale=cfg.galore_scale,
-                   weight_decay=wd)
+    hp = {"rank": plan.rank, "update_proj_gap": cfg.update_proj_gap, "scale": cfg.galore_scale}
   elif name == "apollo":
-    tx = optim.get(name, sched(lr), rank=plan.rank, update_proj_gap=cfg.update_proj_gap, scale=cfg.apollo_scale,
-                   weight_decay=wd, seed=cfg.seed)
+    hp = {"rank": plan.rank, "update_proj_gap": cfg.update_proj_gap, "scale": cfg.apollo_scale, "seed": cfg.seed}
   else:
-    tx = optim.get(name, sched(lr), adam_lr=sched(plan.lr["muon_adam"]), weight_decay=wd)
-  return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), tx) if cfg.grad_clip > 0 else tx
+    hp = {"adam_lr": sched(plan.lr["muon_adam"])}
+  return optimizer(sched(lr), name, cfg.grad_clip, weight_decay=wd, **hp)
 
 
 def state_bytes_ratios(sizes) -> dict:
@@ -264,7 +256,7 @@ def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_
   records_path = os.path.join(opt_dir, "metrics.jsonl")
   if resume and os.path.exists(done_path):
     with open(done_path) as f:
-      return json.load(f), _dedupe(metrics_lib.read_jsonl(records_path)), None
+      return json.load(f), dedupe(metrics_lib.read_jsonl(records_path)), None
   tx = make_optimizer(name, cfg, plan)
   local_b = cfg.batch_size // jax.process_count()
   train_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, seed=cfg.seed, split="train",
@@ -281,10 +273,8 @@ def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_
     if os.path.exists(records_path):
       os.remove(records_path)
     state = fresh_state(params0, tx, cfg.seed, mesh, cfg.strategy)
-  compute = plan.model.dtype if plan.model.dtype != plan.model.param_dtype else None
-  step_fn = step_lib.make_train_step(step_lib.lm_loss_fn(plan.model), tx, microbatches=cfg.microbatches,
-                                     compute_dtype=compute, mesh=mesh)
-  train_step = step_lib.jit_train_step(step_fn, state, mesh, cfg.strategy)
+  train_step = make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy,
+                         microbatches=cfg.microbatches, compute=compute_dtype(plan.model))
   summary = {"diverged_at": None}
   try:
     result = loop_lib.train_loop(state, train_step, train_it, plan.steps,
@@ -300,7 +290,7 @@ def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_
   finally:
     if ckpt is not None:
       ckpt.close()
-  records = _dedupe(metrics_lib.read_jsonl(records_path))
+  records = dedupe(metrics_lib.read_jsonl(records_path))
   train = [r for r in records if "loss" in r]
   summary["train_loss"] = train[-1]["loss"] if train else float("nan")
   if jax.process_index() == 0:
@@ -343,8 +333,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                                num_epochs=None)
   val_start = val_it.get_state()
   shard = functools.partial(shd.shard_batch, mesh=mesh)
-  compute = plan.model.dtype if plan.model.dtype != plan.model.param_dtype else None
-  eval_step = step_lib.make_eval_step(step_lib.lm_loss_fn(plan.model), compute)
+  compute = compute_dtype(plan.model)
+  eval_step = step_lib.make_eval_step(losses.lm_loss_fn(plan.model), compute)
 
   def eval_fn(params):
     val_it.set_state(val_start)
@@ -382,9 +372,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
       else:  # not trained in this invocation (resumed or not selected): a fresh state, compiled here
         tx = make_optimizer(name, cfg, plan)
         state = fresh_state(params0, tx, cfg.seed, mesh, cfg.strategy)
-        fn = step_lib.make_train_step(step_lib.lm_loss_fn(plan.model), tx, microbatches=cfg.microbatches,
-                                      compute_dtype=compute, mesh=mesh)
-        pairs[name] = (step_lib.jit_train_step(fn, state, mesh, cfg.strategy), state)
+        pairs[name] = (make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy,
+                                 microbatches=cfg.microbatches, compute=compute), state)
     times = median_step_times(pairs, batch, cfg.timing_steps)
     ratio = times["scale"] / times["adamw"]
     results.update({"step_time_s.adamw": times["adamw"], "step_time_s.scale": times["scale"]})
@@ -405,11 +394,11 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 
 
 PRESETS = {
-    "smoke": Config(model=_byte_llama(32, 1, 2, 64, 64), steps=4, warmup_steps=1, batch_size=8, seq_len=32,
+    "smoke": Config(model=byte_model(32, 1, 2, 64, 64), steps=4, warmup_steps=1, batch_size=8, seq_len=32,
                     lr=LearningRates(adamw=3e-3, sgd=0.3, sgd_colnorm=3e-3, colnorm_momentum=3e-3, scale=3e-3,
                                      galore=1e-2, apollo=1e-2, muon=2e-2, vector=3e-3, muon_adam=3e-3),
                     max_docs=200, eval_batches=1, log_every=2, timing_steps=3),
-    "cpu": Config(model=_byte_llama(128, 4, 4, 344, 128), steps=200, warmup_steps=20, batch_size=16, seq_len=128,
+    "cpu": Config(model=byte_model(128, 4, 4, 344, 128), steps=200, warmup_steps=20, batch_size=16, seq_len=128,
                   lr=LearningRates(**{o: min(v, key=v.get) for o, v in CPU_SWEEP.items()}, vector=3e-3,
                                    muon_adam=3e-3),
                   eval_every=40, eval_batches=8, log_every=20, timing_steps=30),

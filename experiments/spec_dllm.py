@@ -37,10 +37,10 @@ import numpy as np
 import optax
 
 from experiments import registry
+from experiments._shared.recipes import optimizer
 from experiments.runner.claims import Claim
 from jaxlab import hf
 from jaxlab.generate import diffusion, speculative
-from jaxlab.hf import llada as _llada  # noqa: F401  (registers the LLaDA/Dream checkpoint family)
 from jaxlab.models import mdm
 from jaxlab.train import metrics as metrics_lib
 from jaxlab.train.checkpoint import Checkpointer
@@ -164,7 +164,7 @@ def train(cfg: Config, out_dir: str, resume: bool):
   mc = cfg.model
   sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, max(cfg.train_steps, cfg.warmup_steps + 1),
                                              cfg.lr * 0.1)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, b1=0.9, b2=0.98, weight_decay=cfg.weight_decay))
+  tx = optimizer(sched, "adamw", grad_clip=1.0, b1=0.9, b2=0.98, weight_decay=cfg.weight_decay)
   init = lambda: (lambda p: {"params": p, "opt": tx.init(p), "step": jnp.int32(0)})(
       mdm.init(mc, jax.random.key(cfg.seed)))
   ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=2, async_=False) if cfg.ckpt_every else None
