@@ -39,10 +39,7 @@ KNOWN_UPWARD = {
     ("jaxlab.models.vlm", "jaxlab.train.step"):
         "models/vlm.py: import next_token_nll from jaxlab.losses (or move vlm.loss_fn to losses.vlm_loss_fn)",
 }
-KNOWN_CYCLES = {
-    frozenset({"jaxlab.hf", "jaxlab.hf.vision"}):
-        "hf/vision.py: drop `from jaxlab import hf as _hf` and register with jaxlab.hf.family.register",
-}
+KNOWN_CYCLES: dict = {}
 
 
 def _modules() -> dict[str, str]:

@@ -68,7 +68,10 @@ def save(path: str, cfg, params, dtype=None, max_shard_bytes: int = 5 * 2**30, o
 from jaxlab.hf import decoder as _decoder  # noqa: E402
 
 register(_decoder.FAMILY)
-from jaxlab.hf import vision as _vision  # noqa: E402,F401  (registers its families on import)
+from jaxlab.hf import vision as _vision  # noqa: E402
+
+for _fam in _vision.FAMILIES:
+  register(_fam)
 from jaxlab.hf import llada as _llada  # noqa: E402
 from jaxlab.hf import encoder as _encoder  # noqa: E402
 

@@ -226,9 +226,4 @@ LLAVA = Family(model_types=("llava",), config_cls=vlm.Config, config_from_hf=lla
 FULL_CLIP = _vision_family(("clip", "siglip"), "vision_model.",
                            ("text_model.", "text_projection", "visual_projection", "logit_scale", "logit_bias"))
 VISION = _vision_family(("clip_vision_model", "siglip_vision_model", "dinov2", "dinov2_with_registers"))
-FAMILIES = (FULL_CLIP, VISION, LLAVA)
-
-from jaxlab import hf as _hf  # noqa: E402
-
-for _fam in FAMILIES:
-  _hf.register(_fam)
+FAMILIES = (FULL_CLIP, VISION, LLAVA)  # registered in this order by jaxlab.hf
