@@ -230,3 +230,44 @@ def test_lost_in_attention_trains_when_no_source(ll_run, tmp_path, monkeypatch):
   assert art.cfg.tokens_per_image == 16
   art2, origin2 = lia._trained(lia.Config(source=ll_run[0]), str(tmp_path / "x"), False)
   assert origin2 == "reused" and len(seen) == 1
+
+
+def _ulp(a, seed=0):
+  """`a` with every element moved by about one float32 ulp (relative 2^-23, random sign)."""
+  sign = np.random.default_rng(seed).choice([-1.0, 1.0], size=np.shape(a)).astype(np.float32)
+  return (np.asarray(a, np.float32) * (1 + np.float32(2 ** -23) * sign)).astype(np.float32)
+
+
+def test_evaluation_stages_ignore_last_bit_perturbations(ll_run):
+  """The lenses + judge and the update geometry turn 1-ulp changes of their inputs into (almost) no change of
+  verdicts or RID: what another machine's rounding changes in these figures comes from training."""
+  import jax.numpy as jnp
+  from jaxlab.interp import geometry, lenses
+  out, _ = ll_run
+  art = pipe.load_artifacts(out)
+  cfg = ll.PRESETS["smoke"]
+  scenes, pixels, prompt, _, judge = ll._scene_inputs(cfg, art, {})
+  vocab = pipe.token_strings(art.tokenizer, art.cfg.text.vocab_size)
+  index = lenses.LatentIndex.load(os.path.join(out, "artifacts", "index"))
+  hs = ll.visual_states(art.params, art.cfg, prompt, pixels, cfg.eval_batch)[:, :, -art.cfg.vision.n_patches:]
+  verdicts = [ll.judge_layers(ll.lens_ids(art.params["lm"], art.cfg.text, h, index, cfg.top_k)[0], vocab,
+                              scenes.images, art.cfg.vision.grid, judge)["verdicts"] for h in (hs, _ulp(hs))]
+  for lens in ll.LENSES:
+    assert np.mean(verdicts[0][lens] != verdicts[1][lens]) <= 0.01, lens
+
+  batch = lia._scene_data(lia.PRESETS["smoke"], art)
+  n = int((batch["inputs"] != art.tokenizer.pad_id).sum(1).min())
+  lm = _captured(art, batch, n)
+  base = geometry.metrics_from_output(lm)
+  moved = geometry.module_metrics(*(jnp.asarray(_ulp(a)) for a in (lm.hidden_states[:-1], lm.attn_updates,
+                                                                      lm.mlp_updates)))
+  for m in lia.MODULES:
+    np.testing.assert_allclose(np.asarray(moved[m]["rid"]), np.asarray(base[m]["rid"]), atol=1e-4)
+
+
+def _captured(art, batch, n):
+  """The LM's hidden states and attention / MLP updates over the first n positions."""
+  import jax.numpy as jnp
+  from jaxlab.models import vlm
+  return vlm.forward(art.params, jnp.asarray(batch["inputs"][:, :n]), jnp.asarray(batch["pixels"]), art.cfg,
+                     capture=("hidden_states", "attn_updates", "mlp_updates")).lm
