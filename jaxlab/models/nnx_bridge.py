@@ -68,7 +68,11 @@ class Model(nnx.Module):
 
 
 def from_params(params, forward: Callable, cfg: Any) -> Model:
-  """A `Model` around existing params (e.g. `cfg, params = jaxlab.hf.load(path)`)."""
+  """A `Model` around existing params (e.g. `cfg, params = jaxlab.hf.load(path)`).
+
+  The model shares the arrays with `params`: do not also pass them to a step that donates its input (jaxlab's
+  `jit_train_step`), which would delete the model's buffers.
+  """
   return Model(params, forward, cfg)
 
 
@@ -100,8 +104,11 @@ def decoder(cfg: tfm.Config, key=None, *, params=None) -> Model:
 
 
 def to_params(model):
-  """The plain jaxlab param dict of a `Model` (the arrays it holds, not copies), or of its `nnx.State`
-  (`nnx.split(model)[1]` / `nnx.state(model)`)."""
+  """The plain jaxlab param dict of a `Model`, or of its `nnx.State` (`nnx.split(model)[1]`, `nnx.state(model)`).
+
+  The leaves are the arrays the model holds now, not copies (after an `nnx.jit` call or an optimizer update,
+  the buffers that transform wrote back).
+  """
   if isinstance(model, Model):
     return jax.tree.map(lambda v: v.get_value(), model.params, is_leaf=_is_var)
   if isinstance(model, nnx.State):
