@@ -9,6 +9,10 @@ The prompt is prefilled in one forward pass; then one token per step is decoded 
 so a whole generation is a single compiled program, compiled once per (batch, prompt length, max_new_tokens)
 and sampling-mode shape. Decoding stops early once every row has emitted a stop token or reached its length cap.
 
+`weights="bf16" | "int8"` decodes with weight-only bf16 or int8 matmul kernels (`jaxlab.generate.quant`): the
+params are converted once per call, outside the compiled program (pass `quant.quantize(params, mode)` to
+convert once for many calls; already converted params are used as they are).
+
 Axes: B batch, T prompt length, N new tokens, V vocab.
 """
 from __future__ import annotations
@@ -20,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab.generate import quant
 from jaxlab.models import transformer as tfm
 
 _TRACES = [0]  # incremented each time the generation program is traced (tests count recompilations)
@@ -161,7 +166,8 @@ def _pad_prompts(prompt, prompt_mask, pad_id, vocab_size):
 def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, key=None, prompt_mask=None, stop_tokens: Sequence[int] | None = None,
            max_length: int | None = None, pad_id: int | None = None, forward_fn: Callable | None = None,
-           init_cache_fn: Callable | None = None, return_logits: bool = False) -> SampleOutput:
+           init_cache_fn: Callable | None = None, return_logits: bool = False,
+           weights: str = "fp32") -> SampleOutput:
   """Generates up to `max_new_tokens` tokens after each prompt; `sample(...).tokens` are the new tokens.
 
   Args:
@@ -183,10 +189,14 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
       default `transformer.forward`. Any family with the same KV-cache protocol can be sampled.
     init_cache_fn: `fn(cfg, batch, max_len) -> cache`; default `transformer.init_cache`.
     return_logits: also return the raw logits of every step in `SampleOutput.logits`.
+    weights: "fp32" (the params as given), "bf16" or "int8": weight-only bf16 / per-output-channel int8
+      matmul kernels (`quant.quantize`), dequantized inside each matmul.
 
   Returns:
     SampleOutput(tokens [B, N], lengths [B], sequences [B, T + N], prompt_mask [B, T], logits).
   """
+  if weights not in quant.MODES:
+    raise ValueError(f"weights must be one of {quant.MODES}, found {weights!r}")
   if int(max_new_tokens) < 1:
     raise ValueError(f"max_new_tokens must be >= 1, found {max_new_tokens}")
   if temperature < 0:
@@ -206,6 +216,7 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
   if key is None:
     key = jax.random.key(0)
   cap = np.iinfo(np.int32).max if max_length is None else int(max_length)
+  params = quant.quantize(params, weights)
   return _generate(params, prompt_BT, mask_BT, key, jnp.float32(1.0 if greedy else temperature),
                    jnp.float32(1.0 if top_p is None else top_p), jnp.int32(cap), jnp.int32(pad), cfg=cfg,
                    max_new=int(max_new_tokens), greedy=greedy, top_k=None if greedy or not top_k else int(top_k),
