@@ -192,16 +192,19 @@ def _attention(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, in
     q, kk = layers.rms_norm(p["q_norm"], q, cfg.norm_eps), layers.rms_norm(p["k_norm"], kk, cfg.norm_eps)
   if cos is not None:
     q, kk = rope_lib.apply(q, cos, sin), rope_lib.apply(kk, cos, sin)
-  if slot is not None:
-    kk, v = attn_lib.cache_write(slot[0], slot[1], kk, v, index)
-    slot = (kk, v)
+  heads_major = slot is not None
+  if slot is not None:  # slot = (k cache [P,B,G,S,K], v cache, this layer position's slot index)
+    kc, vc = attn_lib.cache_write(slot[0], slot[1], kk, v, slot[2], index)
+    kk, v, slot = kc[slot[2]], vc[slot[2]], (kc, vc)
   hook = None
   if intervention is not None and intervention.attn_weights is not None:
     hook = lambda w: intervention.attn_weights(w, layer)
   if attention_fn is not None:
+    if heads_major:
+      kk, v = jnp.swapaxes(kk, 1, 2), jnp.swapaxes(v, 1, 2)
     out, w = attention_fn(q, kk.astype(dt), v.astype(dt), mask_BTS), None
   else:
-    out, w = attn_lib.attention(q, kk.astype(dt), v.astype(dt), mask_BTS, weights_hook=hook)
+    out, w = attn_lib.attention(q, kk.astype(dt), v.astype(dt), mask_BTS, weights_hook=hook, heads_major=heads_major)
   return layers.linear(p["o"], out.reshape(b, t, h * k), dt), w, slot
 
 
@@ -222,7 +225,8 @@ def _block(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, interv
 
 
 def init_cache(cfg: Config, batch: int, max_len: int, program: Sequence[int] | None = None, dtype=None):
-  """An empty KV cache with one slot per executed layer position (len(program), default n_layers)."""
+  """An empty KV cache with one slot per executed layer position (len(program), default n_layers); k/v are
+  [P, B, G, S, K] (`jaxlab.nn.attention.init_cache`)."""
   n = cfg.n_layers if program is None else len(program)
   return attn_lib.init_cache(n, batch, max_len, cfg.kv_heads, cfg.kdim, jnp.dtype(dtype or cfg.dtype))
 
@@ -297,16 +301,18 @@ def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask
   if cache is not None and cache["k"].shape[0] != n:
     raise ValueError(f"cache has {cache['k'].shape[0]} slots but {n} layer positions are executed")
 
-  def body(x, xs):
-    p, layer, slot = xs
+  def body(carry, xs):  # the cache rides in the carry: each layer writes its new entries in place
+    x, kc, vc = carry
+    p, layer, pos = xs
+    slot = None if kc is None else (kc, vc, pos)
     x, a, m, w, slot = _block(p, x, cos, sin, mask, cfg, slot, index, layer, intervention, attention_fn)
-    ys = {"hidden_states": x, "attn_updates": a, "mlp_updates": m, "attn_weights": w, "slot": slot}
-    return x, {k: v for k, v in ys.items() if k in capture or k == "slot"}
+    ys = {"hidden_states": x, "attn_updates": a, "mlp_updates": m, "attn_weights": w}
+    return (x, *((None, None) if slot is None else slot)), {k: v for k, v in ys.items() if k in capture}
 
   if cfg.remat:
     body = jax.checkpoint(body, prevent_cse=False)
-  slots = None if cache is None else (cache["k"], cache["v"])
-  x_final, ys = jax.lax.scan(body, x, (lp, layer_ids, slots))
+  kc, vc = (None, None) if cache is None else (cache["k"], cache["v"])
+  (x_final, kc, vc), ys = jax.lax.scan(body, (x, kc, vc), (lp, layer_ids, jnp.arange(n, dtype=jnp.int32)))
   h = layers.rms_norm(params["final_norm"], x_final, cfg.norm_eps)
   if "lm_head" in params:
     logits = layers.linear(params["lm_head"], h, dt)
@@ -315,7 +321,7 @@ def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask
 
   new_cache = None
   if cache is not None:
-    new_cache = {"k": ys["slot"][0], "v": ys["slot"][1], "pos": k_pos, "index": index + t}
+    new_cache = {"k": kc, "v": vc, "pos": k_pos, "index": index + t}
   hs = None
   if "hidden_states" in capture:
     hs = jnp.concatenate([x[None], ys["hidden_states"][:-1], h[None]], axis=0)

@@ -1,7 +1,9 @@
 """Multi-head attention with grouped KV heads, boolean masks and a KV cache.
 
-Axes: B batch, T query positions, S key positions, H query heads, G kv heads (H = G*R), K head dim.
-Masks are boolean, True = may attend. Softmax runs in fp32; a row with no allowed key yields zeros.
+Axes: B batch, T query positions, S key positions, H query heads, G kv heads (H = G*R), K head dim, P cache
+slots. Masks are boolean, True = may attend. Softmax runs in fp32; a row with no allowed key yields zeros.
+The KV cache is stored head-major, [P, B, G, S, K]: a slot is then [B, G, S, K], the layout the batched
+(b, g) score and value matmuls read directly, so decoding does not transpose the whole cache every step.
 """
 from __future__ import annotations
 
@@ -22,22 +24,24 @@ def causal_mask(q_pos_BT, k_pos_BS, window: int | None = None):
 
 
 def attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS=None, *, scale: float | None = None,
-              weights_hook: Callable | None = None):
+              weights_hook: Callable | None = None, heads_major: bool = False):
   """Returns (out [B,T,H,K], weights [B,H,T,S] fp32).
 
   Args:
     mask_BTS: boolean [B, T, S] (or broadcastable), True where attention is allowed; None = all allowed.
     weights_hook: optional fn(weights_BHTS) -> weights_BHTS applied after the softmax (interventions).
+    heads_major: keys and values are given as [B, G, S, K] (a cache slot) instead of [B, S, G, K].
   """
   b, t, h, k = q_BTHK.shape
-  g = k_BSGK.shape[2]
+  g, s = (k_BSGK.shape[1], k_BSGK.shape[2]) if heads_major else (k_BSGK.shape[2], k_BSGK.shape[1])
   if h % g:
     raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({g})")
+  kv = "bgsk" if heads_major else "bsgk"
   scale = k ** -0.5 if scale is None else scale
   q = q_BTHK.reshape(b, t, g, h // g, k)
-  logits = jnp.einsum("btgrk,bsgk->bgrts", q, k_BSGK, preferred_element_type=jnp.float32) * scale
+  logits = jnp.einsum(f"btgrk,{kv}->bgrts", q, k_BSGK, preferred_element_type=jnp.float32) * scale
   if mask_BTS is not None:
-    m = jnp.broadcast_to(mask_BTS, (b, t, k_BSGK.shape[1]))[:, None, None]
+    m = jnp.broadcast_to(mask_BTS, (b, t, s))[:, None, None]
     logits = jnp.where(m, logits, NEG_INF)
   w = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
   if mask_BTS is not None:
@@ -46,19 +50,23 @@ def attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS=None, *, scale: float | None = No
   if weights_hook is not None:
     w = weights_hook(w)
   wg = w.reshape(b, g, h // g, t, -1).astype(v_BSGK.dtype)
-  out = jnp.einsum("bgrts,bsgk->btgrk", wg, v_BSGK).reshape(b, t, h, k)
+  out = jnp.einsum(f"bgrts,{kv}->btgrk", wg, v_BSGK).reshape(b, t, h, k)
   return out, w
 
 
 def init_cache(n_slots: int, batch: int, max_len: int, kv_heads: int, head_dim: int, dtype=jnp.float32):
-  """An empty KV cache: one slot per executed layer position; `pos` = -1 marks empty or padded entries."""
-  shape = (n_slots, batch, max_len, kv_heads, head_dim)
+  """An empty KV cache: k/v [P, B, G, S, K], one slot per executed layer position; `pos` [B, S] = -1 marks
+  empty or padded entries; `index` is where the next keys are written."""
+  shape = (n_slots, batch, kv_heads, max_len, head_dim)
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
           "pos": jnp.full((batch, max_len), -1, jnp.int32), "index": jnp.zeros((), jnp.int32)}
 
 
-def cache_write(slot_k_BSGK, slot_v_BSGK, k_BTGK, v_BTGK, index):
-  """Writes T new keys/values at offset `index` of one slot."""
-  k = jax.lax.dynamic_update_slice_in_dim(slot_k_BSGK, k_BTGK.astype(slot_k_BSGK.dtype), index, axis=1)
-  v = jax.lax.dynamic_update_slice_in_dim(slot_v_BSGK, v_BTGK.astype(slot_v_BSGK.dtype), index, axis=1)
+def cache_write(k_PBGSK, v_PBGSK, k_BTGK, v_BTGK, slot, index):
+  """Writes T new keys/values into cache slot `slot` at offset `index`, updating the stacked cache in place
+  (a loop carry, so XLA writes only the new entries instead of copying the slot)."""
+  z = jnp.zeros((), jnp.int32)
+  at = (jnp.asarray(slot, jnp.int32), z, z, jnp.asarray(index, jnp.int32), z)
+  k = jax.lax.dynamic_update_slice(k_PBGSK, jnp.swapaxes(k_BTGK, 1, 2)[None].astype(k_PBGSK.dtype), at)
+  v = jax.lax.dynamic_update_slice(v_PBGSK, jnp.swapaxes(v_BTGK, 1, 2)[None].astype(v_PBGSK.dtype), at)
   return k, v
