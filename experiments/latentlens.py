@@ -339,6 +339,12 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   lat, log = shares["latentlens"], shares["logitlens"]
   res["latentlens_over_logitlens"] = float(np.mean(lat) / max(np.mean(log), 1e-9))
   res["latentlens_above_logitlens_every_layer"] = bool(np.all(lat > log))
+  # The connector's output scale is only weakly tied to the captioning loss (the LM reads it through RMSNorm)
+  # and drifts with training; it decides how much the LM's layers move the visual tokens, and so which lens wins.
+  for l in range(hs.shape[0]):
+    res[f"visual_token_norm.layer{l}"] = float(np.linalg.norm(hs[l], axis=-1).mean())
+  res["text_embedding_norm"] = float(np.linalg.norm(np.asarray(art.params["lm"]["embed"]["embedding"],
+                                                               np.float32)[:tok.vocab_size], axis=-1).mean())
   res["index_layers"] = ",".join(map(str, layers))
   res["index_rows"] = int(index.vectors.shape[1])
   res["visual_tokens"] = int(hs.shape[1] * hs.shape[2])
