@@ -7,7 +7,8 @@ CPU). The PyTorch model is the jaxlab model exported with `jaxlab.hf.save` and l
 so both compute the same function; the report includes their initial losses / greedy tokens as a check.
 
   python -m experiments bench train_step [--model llama-60m --batch 8 --seq 256 --steps 3] [--out f.json]
-  python -m experiments bench generate [--model llama-60m --new-tokens 128 --batches 1,8] [--out f.json]
+  python -m experiments bench generate [--model llama-60m|smollm2-135m-instruct|PATH --new-tokens 128 --batches 1,8
+      --weights fp32,bf16,int8] [--out f.json]
   python -m experiments bench input --tokenizer DIR [--corpus stdlib --batch 512 --seq 256 --read-threads 0,2,4]
 """
 from __future__ import annotations
@@ -148,42 +149,116 @@ def bench_train_step(argv) -> dict:
   return out
 
 
+def _generate_models(spec: str, dtype: str, want_hf: bool):
+  """(cfg, params, hf_model or None, gguf path or None) for a preset, a real-model name or a path."""
+  from jaxlab import hf
+  from jaxlab.models import registry as real
+  if want_hf:
+    import torch
+    import transformers
+  if spec in tfm.PRESETS:
+    cfg = _model_cfg(spec, dtype)
+    params = tfm.init(cfg, jax.random.PRNGKey(0))
+    return cfg, params, (_hf_model(cfg, params, getattr(torch, dtype)).eval() if want_hf else None), None
+  path = real.real_model_path(spec) if spec in real.REAL_MODELS else spec
+  if not os.path.exists(path):
+    raise SystemExit(f"--model {spec!r} is neither a preset {sorted(tfm.PRESETS)}, a real model "
+                     f"{sorted(real.REAL_MODELS)} nor an existing .gguf file or transformers directory")
+  cfg, params = hf.load(path, dtype=dtype)
+  hf_model = None
+  if want_hf:  # transformers dequantizes the same GGUF tensors, so both sides run the same weights
+    kw = dict(gguf_file=os.path.basename(path)) if path.endswith(".gguf") else {}
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path) if kw else path, dtype=getattr(torch, dtype), **kw).eval()
+  return cfg, params, hf_model, (path if path.endswith(".gguf") else None)
+
+
+def _llama_cpp_rate(path: str, prompt, new_tokens: int, threads: int, repeats: int):
+  """Greedy tokens/s of llama.cpp (llama-cpp-python) on the original GGUF file, batch 1; None if not installed."""
+  try:
+    import llama_cpp
+  except ImportError:
+    return None, None
+  llm = llama_cpp.Llama(model_path=path, n_ctx=len(prompt) + new_tokens + 8, n_threads=threads, verbose=False)
+  rates, toks = [], None
+  for _ in range(repeats):
+    llm.reset()
+    t0 = time.perf_counter()
+    toks = []
+    for tok in llm.generate([int(t) for t in prompt], temp=0.0, top_k=1, reset=True):
+      toks.append(tok)
+      if len(toks) == new_tokens:
+        break
+    rates.append(new_tokens / (time.perf_counter() - t0))
+  return max(rates), np.asarray(toks)
+
+
 def bench_generate(argv) -> dict:
-  """Greedy generation throughput (new tokens/s over the batch): jaxlab.generate.sample vs HF generate."""
+  """Greedy generation throughput (new tokens/s over the batch): jaxlab.generate.sample with fp32, bf16 and
+  int8 weights against HF generate (fp32, same weights) and, for a GGUF model with llama-cpp-python installed,
+  llama.cpp on the original file (batch 1). Variants run in alternating rounds in one process; the best round
+  of each is reported, with ratios and greedy-token agreement (with fp32 jaxlab, and HF with fp32 jaxlab)."""
   p = _parser("generate")
+  p.set_defaults(model="llama-60m")
   p.add_argument("--new-tokens", type=int, default=128)
   p.add_argument("--prompt-len", type=int, default=16)
   p.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
-  p.add_argument("--repeats", type=int, default=2)
+  p.add_argument("--weights", default="fp32,bf16,int8", help="comma-separated jaxlab weight modes")
+  p.add_argument("--repeats", type=int, default=2, help="timed rounds (each runs every variant once)")
+  p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when it is installed")
   args = p.parse_args(argv)
-  from jaxlab.generate import bench_generate as jax_bench, sample
-  cfg = _model_cfg(args.model, args.dtype).replace(eos_token_id=None)
-  params = tfm.init(cfg, jax.random.PRNGKey(0))
+  from jaxlab.generate import quant, sample
+  modes = [m for m in args.weights.split(",") if m]
+  if "fp32" not in modes:
+    modes.insert(0, "fp32")
+  cfg, params, hf_model, gguf = _generate_models(args.model, args.dtype, not args.no_hf)
+  cfg = cfg.replace(eos_token_id=None)
   out = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
-         "backend": jax.default_backend(), "load_avg_1m": os.getloadavg()[0]}
-  hf_model = None
-  if not args.no_hf:
+         "params": tfm.num_params(params), "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
+         "load_avg_1m_start": os.getloadavg()[0]}
+  qparams = {m: quant.quantize(params, m) for m in modes}
+  out.update({f"jax_{m}_weight_bytes": quant.weight_bytes(q) for m, q in qparams.items()})
+  if hf_model is not None:
     import torch
     torch.set_num_threads(args.threads)
-    hf_model = _hf_model(cfg, params, getattr(torch, args.dtype)).eval()
+    out["torch_threads"] = torch.get_num_threads()
   for b in (int(x) for x in args.batches.split(",")):
-    r = jax_bench(cfg, params, b, args.new_tokens, prompt_len=args.prompt_len, repeats=args.repeats)
-    out[f"jax_b{b}_tokens_per_s"] = r["tokens_per_s"]
-    out[f"jax_b{b}_compile_s"] = r["compile_s"]
-    if hf_model is None:
-      continue
-    import torch
-    prompt = np.random.default_rng(0).integers(0, cfg.vocab_size, (b, args.prompt_len)).astype(np.int64)
-    ids = torch.from_numpy(prompt)
-    kw = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-              attention_mask=torch.ones_like(ids), pad_token_id=0)
-    with torch.inference_mode():
-      hf_tokens = hf_model.generate(ids, **kw)[:, args.prompt_len:].numpy()
-      times, _ = _timed(lambda: hf_model.generate(ids, **kw), args.repeats, 0)
-    out[f"hf_b{b}_tokens_per_s"] = b * args.new_tokens / min(times)
-    out[f"speedup_vs_hf_b{b}"] = out[f"jax_b{b}_tokens_per_s"] / out[f"hf_b{b}_tokens_per_s"]
-    jax_tokens = np.asarray(sample(params, cfg, prompt.astype(np.int32), args.new_tokens).tokens)
-    out[f"greedy_token_agreement_b{b}"] = float(np.mean(jax_tokens == hf_tokens))
+    prompt = np.random.default_rng(b).integers(0, cfg.vocab_size, (b, args.prompt_len)).astype(np.int32)
+    runs, tokens = {}, {}
+    for m in modes:
+      runs[f"jax_{m}"] = lambda q=qparams[m]: np.asarray(sample(q, cfg, prompt, args.new_tokens).tokens)
+    if hf_model is not None:
+      import torch
+      ids = torch.from_numpy(prompt.astype(np.int64))
+      kw = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
+                attention_mask=torch.ones_like(ids), pad_token_id=0)
+
+      def hf_run():
+        with torch.inference_mode():
+          return hf_model.generate(ids, **kw)[:, args.prompt_len:].numpy()
+      runs["hf"] = hf_run
+    for name, fn in runs.items():  # compiles the jax programs
+      t0 = time.perf_counter()
+      tokens[name] = fn()
+      out[f"{name}_b{b}_first_call_s"] = time.perf_counter() - t0
+    best = {name: float("inf") for name in runs}
+    for r in range(args.repeats):
+      for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+        t0 = time.perf_counter()
+        runs[name]()
+        best[name] = min(best[name], time.perf_counter() - t0)
+    for name in runs:
+      out[f"{name}_b{b}_tokens_per_s"] = b * args.new_tokens / best[name]
+      out[f"{name}_b{b}_agreement_with_jax_fp32"] = float(np.mean(tokens[name] == tokens["jax_fp32"]))
+      if name != "hf" and "hf" in runs:
+        out[f"{name}_b{b}_speedup_vs_hf"] = best["hf"] / best[name]
+    if b == 1 and gguf and not args.no_llama_cpp:
+      rate, toks = _llama_cpp_rate(gguf, prompt[0], args.new_tokens, args.threads, args.repeats)
+      if rate is not None:
+        out["llama_cpp_b1_tokens_per_s"] = rate
+        out["llama_cpp_b1_agreement_with_jax_fp32"] = float(np.mean(toks == tokens["jax_fp32"][0, :len(toks)]))
+        out.update({f"jax_{m}_b1_vs_llama_cpp": out[f"jax_{m}_b1_tokens_per_s"] / rate for m in modes})
+  out["load_avg_1m_end"] = os.getloadavg()[0]
   return out
 
 
@@ -247,7 +322,8 @@ def bench_input(argv) -> dict:
 registry.register_bench("train_step", bench_train_step,
                         "llama-60m train step (fwd+bwd+AdamW) tokens/s and MFU, jaxlab vs transformers eager")
 registry.register_bench("generate", bench_generate,
-                        "greedy generation tokens/s (batch 1 and 8), jaxlab.generate.sample vs HF generate")
+                        "greedy generation tokens/s (batch 1 and 8), jaxlab.generate.sample fp32/bf16/int8 vs HF "
+                        "generate (and llama.cpp on a GGUF model)")
 registry.register_bench("input", bench_input,
                         "LM input pipeline tokens/s per reader-thread count; train loop with the next batch read "
                         "during the step vs in series")
