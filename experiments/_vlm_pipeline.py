@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxlab import hf
+from jaxlab import hf, losses
 from jaxlab.data import load_tokenizer, scenes as scenes_lib
 from jaxlab.models import transformer as tfm, vit, vlm
 from jaxlab.nn import layers as nn_layers
@@ -264,7 +264,7 @@ def train_vlm(cfg: TrainConfig, out_dir: str, resume: bool = False) -> Artifacts
   params = {**vlm.init(vcfg, jax.random.fold_in(key, 3)), "vision": vit_params, "lm": lm_params}
   data = dict(caption_batch(train, tok, vcfg), pixels=pixels)
   tx, sched = _adamw(cfg.connector_lr, cfg.connector_steps)
-  params, hist["connector"] = _fit("connector", vlm.loss_fn(vcfg, freeze=True), params, vlm.connector_only(tx),
+  params, hist["connector"] = _fit("connector", losses.vlm_loss_fn(vcfg, freeze=True), params, vlm.connector_only(tx),
                                    _sampler(data, cfg.connector_batch, cfg.seed + 2), cfg.connector_steps, out_dir,
                                    cfg.log_every, cfg.seed, sched)
   d = stage_dirs["vlm"]

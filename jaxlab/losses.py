@@ -67,9 +67,19 @@ def vlm_loss_fn(cfg: vlm.Config, freeze: bool = False) -> LossFn:
 
   Args:
     cfg: the VLM config.
-    freeze: stop gradients at the encoder's and the LM's params (only the connector's gradient is computed).
+    freeze: stop gradients at the encoder's and the LM's params, so the backward pass computes only the
+      connector's gradient (the others come back as zeros); use with `vlm.connector_only`.
   """
-  return vlm.loss_fn(cfg, freeze)
+  def loss_fn(params, batch, rng):
+    del rng
+    if freeze:
+      params = {k: v if k == "connector" else jax.lax.stop_gradient(v) for k, v in params.items()}
+    logits = vlm.forward(params, batch["inputs"], batch.get("pixels"), cfg).logits
+    mask = batch["targets"] != cfg.image_token_id
+    if "loss_mask" in batch:
+      mask = mask & batch["loss_mask"].astype(bool)
+    return next_token_nll(logits, batch["targets"], mask)
+  return loss_fn
 
 
 def mdm_loss_fn(cfg: mdm.Config, eps: float = 1e-3) -> LossFn:

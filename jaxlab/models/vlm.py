@@ -181,27 +181,6 @@ def image_positions(tokens_BT, cfg: Config) -> list[np.ndarray]:
   return [np.flatnonzero(row == cfg.image_token_id) for row in t]
 
 
-def loss_fn(cfg: Config, freeze: bool = False):
-  """A `jaxlab.train.step` loss: batch keys inputs, pixels, targets[, loss_mask]; image-token targets are skipped.
-
-  Args:
-    freeze: stop gradients at the encoder's and the LM's params, so the backward pass computes only the
-      connector's gradient (the others come back as zeros); use with `connector_only`.
-  """
-  from jaxlab.train.step import next_token_nll
-
-  def fn(params, batch, rng):
-    del rng
-    if freeze:
-      params = {k: v if k == "connector" else jax.lax.stop_gradient(v) for k, v in params.items()}
-    logits = forward(params, batch["inputs"], batch.get("pixels"), cfg).logits
-    mask = batch["targets"] != cfg.image_token_id
-    if "loss_mask" in batch:
-      mask = mask & batch["loss_mask"].astype(bool)
-    return next_token_nll(logits, batch["targets"], mask)
-  return fn
-
-
 def connector_labels(params):
   """"connector" for the connector's params, "frozen" for the vision encoder's and the LM's."""
   return {k: jax.tree.map(lambda _: "connector" if k == "connector" else "frozen", v) for k, v in params.items()}
@@ -215,6 +194,6 @@ def connector_mask(params):
 def connector_only(tx: optax.GradientTransformation) -> optax.GradientTransformation:
   """`tx` on the connector, zero updates (and no optimizer state) for the frozen encoder and LM.
 
-  Only the connector's gradient is needed: `loss_fn(cfg, freeze=True)` skips the others in the backward pass.
+  Only the connector's gradient is needed: `jaxlab.losses.vlm_loss_fn(cfg, freeze=True)` skips the others in the backward pass.
   """
   return optax.multi_transform({"connector": tx, "frozen": optax.set_to_zero()}, connector_labels)

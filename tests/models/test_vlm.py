@@ -6,7 +6,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxlab import sharding
+from jaxlab import losses as losses_lib, sharding
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vit, vlm
 from jaxlab.nn import axes
@@ -132,7 +132,7 @@ def test_connector_only_training_changes_only_the_connector(params):
   assert sum(x.size > 1 for x in jax.tree.leaves(st.opt_state)) == 2 * n_conn  # Adam moments: connector only
   toks, px = make_batch(3)
   batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:], "pixels": px}
-  step = jax.jit(step_lib.make_train_step(vlm.loss_fn(CFG, freeze=True), tx))
+  step = jax.jit(step_lib.make_train_step(losses_lib.vlm_loss_fn(CFG, freeze=True), tx))
   losses = []
   new = st
   for _ in range(4):
@@ -150,8 +150,8 @@ def test_frozen_loss_gives_the_connector_gradient_only(params):
   toks, px = make_batch(4, images_per_row=(1, 1), length=24)
   batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:], "pixels": px}
   mean = lambda f: lambda p: (lambda s, w: s / w)(*f(p, batch, None))
-  full = jax.jit(jax.grad(mean(vlm.loss_fn(CFG))))(params)
-  frozen = jax.jit(jax.grad(mean(vlm.loss_fn(CFG, freeze=True))))(params)
+  full = jax.jit(jax.grad(mean(losses_lib.vlm_loss_fn(CFG))))(params)
+  frozen = jax.jit(jax.grad(mean(losses_lib.vlm_loss_fn(CFG, freeze=True))))(params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5),
                frozen["connector"], full["connector"])
   for k in ("vision", "lm"):
