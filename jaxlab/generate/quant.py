@@ -8,10 +8,12 @@ dtype. bf16 stores the weights rounded to bfloat16 and computes in fp32.
 `quantize(params, "int8" | "bf16")` replaces every matmul kernel of a transformer param tree by a `QKernel`
 (the embedding table used for lookups is kept; with tied embeddings an `lm_head` is added, built from the
 table, so the vocabulary projection is quantized too). A `QKernel` stores its weight transposed, [.., out, in],
-and is consumed by `jaxlab.nn.layers.linear` through `x @ kernel` (`__rmatmul__`): for a few rows (decoding)
-the product is a multiply-and-reduce over the contiguous `in` axis, which XLA fuses with the conversion, so
-each step reads the stored int8/bf16 bytes once; for many rows (prefill) the weight is dequantized and a
-dense dot is used.
+and is consumed by `jaxlab.nn.layers.linear` through `x @ kernel` (`__rmatmul__`): the weight is dequantized
+and multiplied with a dense dot, or, for at most `REDUCE_ROWS` activation rows, by a multiply-and-reduce over
+the contiguous `in` axis that XLA fuses with the conversion, so the stored int8/bf16 bytes are what is read.
+On XLA:CPU that fused reduce measured 2-10x slower than the dot inside the decode loop (llama-60m, batch 1),
+so REDUCE_ROWS is 0 there: the dequantization of the loop-invariant weights is then hoisted out of the
+decode loop, and int8/bf16 save storage and transfer rather than per-step reads.
 
 Axes: I input features, O output features, M rows of the activation.
 """
@@ -23,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 MODES = ("fp32", "bf16", "int8")
-_REDUCE_ROWS = 8  # at most this many activation rows: multiply-reduce over the stored bytes; else a dense dot
+REDUCE_ROWS = 0  # at most this many activation rows: multiply-reduce over the stored bytes; else a dense dot
 
 
 @jax.tree_util.register_pytree_node_class
@@ -74,7 +76,7 @@ class QKernel:
       raise ValueError(f"QKernel matmul takes a [M, I] activation and one [O, I] weight, found {x_MI.shape} "
                        f"and {self.w_OI.shape} (index stacked layers first)")
     x = x_MI.astype(jnp.float32)
-    if x.shape[0] <= _REDUCE_ROWS:
+    if x.shape[0] <= REDUCE_ROWS:
       y_OM = jnp.sum(self.w_OI.astype(jnp.float32)[:, None, :] * x[None, :, :], axis=-1)
       if self.scale_O is not None:
         y_OM = y_OM * self.scale_O[:, None]

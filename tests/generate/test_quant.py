@@ -39,8 +39,10 @@ def test_int8_kernel_closed_form():
 
 
 @pytest.mark.parametrize("mode", ["int8", "bf16"])
-@pytest.mark.parametrize("rows", [1, 8, 40])  # 1 and 8: multiply-reduce path; 40: dense dot path
-def test_kernel_matmul_equals_dequantized_product(mode, rows):
+@pytest.mark.parametrize("reduce_rows", [0, 8])  # 8: rows 1 and 8 take the multiply-reduce path, 40 the dot
+@pytest.mark.parametrize("rows", [1, 8, 40])
+def test_kernel_matmul_equals_dequantized_product(mode, rows, reduce_rows, monkeypatch):
+  monkeypatch.setattr(quant, "REDUCE_ROWS", reduce_rows)
   rng = np.random.default_rng(1)
   w, x = rng.normal(0, 0.3, (64, 48)).astype(np.float32), rng.normal(0, 1, (rows, 64)).astype(np.float32)
   qk = quant.quantize_kernel(w, mode)
@@ -67,8 +69,12 @@ def test_forward_equals_fp32_forward_on_dequantized_weights(model, mode):
   assert quant.weight_bytes(q) < quant.weight_bytes(params) * (0.6 if mode == "int8" else 0.75)
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, 128, (2, 24)), jnp.int32)
   ref = tfm.forward(_dequantized_params(q), tokens, cfg).logits
-  for t in (24, 3):  # dense-dot rows (48) and multiply-reduce rows (6)
-    got = tfm.forward(q, tokens[:, :t], cfg).logits
+  for reduce_rows, t in ((0, 24), (0, 3), (8, 3)):  # dense dot (48 and 6 rows), multiply-reduce (6 rows)
+    quant.REDUCE_ROWS, saved = reduce_rows, quant.REDUCE_ROWS
+    try:
+      got = tfm.forward(q, tokens[:, :t], cfg).logits
+    finally:
+      quant.REDUCE_ROWS = saved
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref[:, :t]), atol=2e-5, rtol=1e-4)
 
 
