@@ -35,21 +35,29 @@ def read_metadata(path, reader=None) -> dict:
   """
   if reader is not None:
     return {k: f.contents() for k, f in reader.fields.items() if f.types and not k.startswith("GGUF.")}
+  return read_metadata(path, open_reader(path))
+
+
+def open_reader(path):
+  """A memory-mapped `gguf.GGUFReader` over `path`; a missing, foreign or truncated file is refused by name."""
   try:
     import gguf
   except ImportError as e:
-    raise ImportError("reading a GGUF tokenizer needs the gguf package: pip install gguf") from e
+    raise ImportError("reading GGUF files needs the gguf package: pip install gguf") from e
   path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"expected a .gguf file, found no file at {path!r}")
+  size = os.path.getsize(path)
   with open(path, "rb") as f:
     magic = f.read(4)
   if magic != b"GGUF":
-    raise ValueError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+    raise ValueError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF'; {size} bytes)")
   try:
     reader = gguf.GGUFReader(path)
   except (ValueError, IndexError, KeyError, OverflowError, TypeError) as e:
-    raise ValueError(f"{path}: GGUF metadata unreadable in a file of {os.path.getsize(path)} bytes "
+    raise ValueError(f"{path}: GGUF header or tensor table unreadable in a file of {size} bytes "
                      f"(truncated or corrupt?): {e}") from e
-  return read_metadata(path, reader)
+  return reader
 
 
 def build(md: dict, source: str = "gguf"):

@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxlab.data import gguf_vocab
 from jaxlab.hf import decoder as _decoder
 from jaxlab.hf import family as _family
-from jaxlab.models import transformer as tfm
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")  # general.architecture values this loader maps
 PERMUTED_QK = ("llama",)  # architectures whose q/k rows llama.cpp permutes
@@ -50,20 +50,8 @@ def _gguf():
 
 def open_reader(path):
   """A `gguf.GGUFReader` over `path` (memory-mapped), with truncation and corruption reported by name."""
-  gguf = _gguf()
-  path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"expected a .gguf file, found no file at {path!r}")
-  size = os.path.getsize(path)
-  with open(path, "rb") as f:
-    magic = f.read(4)
-  if magic != b"GGUF":
-    raise ValueError(f"{path}: not a GGUF file (starts with {magic!r}, expected b'GGUF'; {size} bytes)")
-  try:
-    reader = gguf.GGUFReader(path)
-  except (ValueError, IndexError, KeyError, OverflowError, TypeError) as e:
-    raise ValueError(f"{path}: GGUF header or tensor table unreadable in a file of {size} bytes "
-                     f"(truncated or corrupt?): {e}") from e
+  reader = gguf_vocab.open_reader(path)
+  path, size = os.fspath(path), os.path.getsize(path)
   for t in reader.tensors:
     if t.data_offset + t.n_bytes > size:
       raise ValueError(f"{path}: tensor {t.name!r} ends at byte {t.data_offset + t.n_bytes}, past the end of "
