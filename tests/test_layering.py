@@ -33,7 +33,7 @@ RANK = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 # What any module of experiments/ may import from it: the runner and the shared helpers.
 RUNNER = ("registry", "runner")
 
-# Breaches left in files under another engineer's hands; each entry must disappear when its file is fixed
+# Known breaches awaiting a fix; each entry must disappear when its file is fixed (both lists are empty now)
 # (a stale entry fails `test_known_breaches_still_exist`). (importer, imported) -> the fix.
 KNOWN_UPWARD: dict = {}
 KNOWN_CYCLES: dict = {}
