@@ -359,5 +359,6 @@ registry.register(registry.Experiment(
               "above LoRA at equal budget (LLaMA-2-7B, MetaMathQA -> GSM8K)",
               "{accuracy.cdka} >= {accuracy.lora} and {trainable_params.cdka} <= 1.05 * {trainable_params.lora}"),
         Claim("aligns_with_full", "CDKA's trained update is closer in direction to full fine-tuning's than LoRA's",
-              "Kronecker structure aligns better with the full update", "{alignment.cosine.cdka} > {alignment.cosine.lora}"),
+              "Kronecker structure aligns better with the full update",
+              "{alignment.cosine.cdka} > {alignment.cosine.lora}"),
     )))

@@ -414,7 +414,8 @@ registry.register(registry.Experiment(
     resume_may_change=("mesh", "strategy", "log_every", "timing_steps"),
     paper="scale", claims=(
         Claim("matches_adamw", "SCALE reaches AdamW's validation loss (within 2%) at an equal token budget",
-              "C4 ppl 30.81 vs Adam 30.05 at 60M; better than Adam from 130M", "{val_loss.scale} <= 1.02 * {val_loss.adamw}"),
+              "C4 ppl 30.81 vs Adam 30.05 at 60M; better than Adam from 130M",
+              "{val_loss.scale} <= 1.02 * {val_loss.adamw}"),
         Claim("below_galore", "SCALE reaches a lower validation loss than GaLore at an equal token budget",
               "below GaLore, Fira and APOLLO at every size", "{val_loss.scale} < {val_loss.galore}"),
         Claim("state_memory", "SCALE's optimizer state is a small fraction of AdamW's (LLaMA-1B shapes)",

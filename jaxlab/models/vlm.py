@@ -194,6 +194,7 @@ def connector_mask(params):
 def connector_only(tx: optax.GradientTransformation) -> optax.GradientTransformation:
   """`tx` on the connector, zero updates (and no optimizer state) for the frozen encoder and LM.
 
-  Only the connector's gradient is needed: `jaxlab.losses.vlm_loss_fn(cfg, freeze=True)` skips the others in the backward pass.
+  Only the connector's gradient is needed: `jaxlab.losses.vlm_loss_fn(cfg, freeze=True)` skips the others in the
+  backward pass.
   """
   return optax.multi_transform({"connector": tx, "frozen": optax.set_to_zero()}, connector_labels)

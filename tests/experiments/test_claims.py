@@ -83,7 +83,8 @@ def test_reproduce_report_with_claims_seeds_and_resume(toy, tmp_path, capsys):
                       "full_only": "not measurable at this preset"}
   assert len(report["papers"]) == 19 and report["papers"]["gig"]["experiments"] == []
   md = open(os.path.join(root, "report.md")).read()
-  assert "| scale | SCALE: column-normalized SGD with last-layer momentum | toy_a | 1 unstable, 1 not reproduced, 1 not measurable at this preset |" in md
+  assert ("| scale | SCALE: column-normalized SGD with last-layer momentum | toy_a | 1 unstable, 1 not reproduced, "
+          "1 not measurable at this preset |") in md
   assert "| gig | Graph-in-Graph planning | - | not yet implemented |" in md and "## toy_b" in md
 
   RUNS.clear()  # again: everything is read back, nothing reruns
