@@ -38,12 +38,18 @@ class SampleOutput(NamedTuple):
   sequences: [B, T + N] the (left-padded) prompt followed by `tokens`.
   prompt_mask: [B, T] int32, 1 where `sequences[:, :T]` is a real prompt token.
   logits: [B, N, V] float32 raw next-token logits at each step (before warping), only with `return_logits`.
+  completion_mask: [B, N] int32, 1 on a row's first `lengths` tokens (the stop token included), else 0.
+  logprobs: [B, N] float32 log-probability of each new token under the temperature-scaled policy
+    `log_softmax(logits / temperature)` (top-k/top-p not applied; greedy scores under temperature 1), 0 where
+    `completion_mask` is 0; only with `return_logprobs`.
   """
   tokens: Any
   lengths: Any
   sequences: Any
   prompt_mask: Any
   logits: Any = None
+  completion_mask: Any = None
+  logprobs: Any = None
 
 
 def trace_count() -> int:
@@ -84,9 +90,10 @@ def _choose(logits_BV, key, greedy, temperature, top_k, top_p):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new", "greedy", "top_k", "use_top_p", "stop", "forward_fn",
-                                             "init_cache_fn", "return_logits"))
+                                             "init_cache_fn", "return_logits",
+                                             "return_logprobs"))
 def _generate(params, prompt_BT, mask_BT, key, temperature, top_p, max_length, pad_id, *, cfg, max_new, greedy,
-              top_k, use_top_p, stop, forward_fn, init_cache_fn, return_logits):
+              top_k, use_top_p, stop, forward_fn, init_cache_fn, return_logits, return_logprobs):
   _TRACES[0] += 1
   b, t = prompt_BT.shape
   top_p = top_p if use_top_p else None
@@ -99,37 +106,43 @@ def _generate(params, prompt_BT, mask_BT, key, temperature, top_p, max_length, p
   last = t - 1 - jnp.argmax(mask_BT[:, ::-1], axis=1)  # last real prompt position (any padding side)
   logits_BV = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 
-  def emit(i, logits_BV, tokens_BN, done_B, lengths_B, all_logits):
+  def emit(i, logits_BV, tokens_BN, done_B, lengths_B, all_logits, logp_BN):
     tok = _choose(logits_BV, jax.random.fold_in(key, i), greedy, temperature, top_k, top_p)
     done_B = done_B | (lengths_B >= limit_B)
+    if return_logprobs:
+      scaled_BV = logits_BV / temperature
+      picked_B = jnp.take_along_axis(scaled_BV, tok[:, None], axis=-1)[:, 0]
+      logp_BN = logp_BN.at[:, i].set(jnp.where(done_B, 0.0, picked_B - jax.nn.logsumexp(scaled_BV, axis=-1)))
     tok = jnp.where(done_B, pad_id, tok)
     tokens_BN = tokens_BN.at[:, i].set(tok)
     lengths_B = lengths_B + (~done_B).astype(jnp.int32)
     done_B = done_B | jnp.isin(tok, stop_ids) | (lengths_B >= limit_B)
     if return_logits:
       all_logits = all_logits.at[:, i].set(logits_BV)
-    return tok, tokens_BN, done_B, lengths_B, all_logits
+    return tok, tokens_BN, done_B, lengths_B, all_logits, logp_BN
 
   tokens_BN = jnp.full((b, max_new), pad_id, jnp.int32)
   all_logits = jnp.zeros((b, max_new, logits_BV.shape[-1]), jnp.float32) if return_logits else None
-  tok, tokens_BN, done_B, lengths_B, all_logits = emit(
-      0, logits_BV, tokens_BN, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), all_logits)
+  logp_BN = jnp.zeros((b, max_new), jnp.float32) if return_logprobs else None
+  tok, tokens_BN, done_B, lengths_B, all_logits, logp_BN = emit(
+      0, logits_BV, tokens_BN, jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), all_logits, logp_BN)
 
   def cond(state):
-    i, _, _, _, done_B, _, _ = state
+    i, _, _, _, done_B, _, _, _ = state
     return (i < max_new) & ~jnp.all(done_B)
 
   def body(state):
-    i, cache, tok, tokens_BN, done_B, lengths_B, all_logits = state
+    i, cache, tok, tokens_BN, done_B, lengths_B, all_logits, logp_BN = state
     out = forward_fn(params, tok[:, None], cfg, attention_mask_BT=jnp.ones((b, 1), jnp.int32), cache=cache)
-    tok, tokens_BN, done_B, lengths_B, all_logits = emit(
-        i, out.logits[:, -1].astype(jnp.float32), tokens_BN, done_B, lengths_B, all_logits)
-    return i + 1, out.cache, tok, tokens_BN, done_B, lengths_B, all_logits
+    tok, tokens_BN, done_B, lengths_B, all_logits, logp_BN = emit(
+        i, out.logits[:, -1].astype(jnp.float32), tokens_BN, done_B, lengths_B, all_logits, logp_BN)
+    return i + 1, out.cache, tok, tokens_BN, done_B, lengths_B, all_logits, logp_BN
 
-  state = (jnp.asarray(1, jnp.int32), out.cache, tok, tokens_BN, done_B, lengths_B, all_logits)
-  _, _, _, tokens_BN, _, lengths_B, all_logits = jax.lax.while_loop(cond, body, state)
+  state = (jnp.asarray(1, jnp.int32), out.cache, tok, tokens_BN, done_B, lengths_B, all_logits, logp_BN)
+  _, _, _, tokens_BN, _, lengths_B, all_logits, logp_BN = jax.lax.while_loop(cond, body, state)
   seq = jnp.concatenate([prompt_BT.astype(jnp.int32), tokens_BN], axis=1)
-  return SampleOutput(tokens_BN, lengths_B, seq, mask_BT.astype(jnp.int32), all_logits)
+  completion_BN = (jnp.arange(max_new)[None, :] < lengths_B[:, None]).astype(jnp.int32)
+  return SampleOutput(tokens_BN, lengths_B, seq, mask_BT.astype(jnp.int32), all_logits, completion_BN, logp_BN)
 
 
 def _pad_prompts(prompt, prompt_mask, pad_id, vocab_size):
@@ -166,7 +179,7 @@ def _pad_prompts(prompt, prompt_mask, pad_id, vocab_size):
 def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, key=None, prompt_mask=None, stop_tokens: Sequence[int] | None = None,
            max_length: int | None = None, pad_id: int | None = None, forward_fn: Callable | None = None,
-           init_cache_fn: Callable | None = None, return_logits: bool = False,
+           init_cache_fn: Callable | None = None, return_logits: bool = False, return_logprobs: bool = False,
            weights: str = "fp32") -> SampleOutput:
   """Generates up to `max_new_tokens` tokens after each prompt; `sample(...).tokens` are the new tokens.
 
@@ -189,11 +202,14 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
       default `transformer.forward`. Any family with the same KV-cache protocol can be sampled.
     init_cache_fn: `fn(cfg, batch, max_len) -> cache`; default `transformer.init_cache`.
     return_logits: also return the raw logits of every step in `SampleOutput.logits`.
+    return_logprobs: also return each new token's log-probability under `log_softmax(logits / temperature)`
+      in `SampleOutput.logprobs` (what a teacher-forced forward over `sequences` scores; RL's old log-probs).
     weights: "fp32" (the params as given), "bf16" or "int8": weight-only bf16 / per-output-channel int8
       matmul kernels (`quant.quantize`), dequantized inside each matmul.
 
   Returns:
-    SampleOutput(tokens [B, N], lengths [B], sequences [B, T + N], prompt_mask [B, T], logits).
+    SampleOutput(tokens [B, N], lengths [B], sequences [B, T + N], prompt_mask [B, T], logits,
+    completion_mask [B, N], logprobs [B, N]).
   """
   if weights not in quant.MODES:
     raise ValueError(f"weights must be one of {quant.MODES}, found {weights!r}")
@@ -221,4 +237,5 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
                    jnp.float32(1.0 if top_p is None else top_p), jnp.int32(cap), jnp.int32(pad), cfg=cfg,
                    max_new=int(max_new_tokens), greedy=greedy, top_k=None if greedy or not top_k else int(top_k),
                    use_top_p=top_p is not None and not greedy, stop=stop, forward_fn=forward_fn or tfm.forward,
-                   init_cache_fn=init_cache_fn or tfm.init_cache, return_logits=bool(return_logits))
+                   init_cache_fn=init_cache_fn or tfm.init_cache, return_logits=bool(return_logits),
+                   return_logprobs=bool(return_logprobs))
