@@ -7,10 +7,22 @@ accumulated sums, so microbatched and full-batch updates agree. Here:
   lm_loss_fn       next-token loss of a decoder LM (`jaxlab.models.transformer`) on packed batches
   vlm_loss_fn      next-token loss of a VLM (`jaxlab.models.vlm`), image-token targets skipped
   mdm_loss_fn      the masked-diffusion (LLaDA, arXiv 2502.09992) objective of `jaxlab.models.mdm`
-Next to come, each as a `LossFn` factory here: DPO (arXiv 2305.18290), GRPO (arXiv 2402.03300), Bradley-Terry
-reward modelling, process reward models (PRM, per-step labels) and contrastive (InfoNCE) losses.
+  grpo_objective   GRPO (arXiv 2402.03300) on per-token log-probs: PPO-clip ratio with separate low/high clip
+                   (DAPO, arXiv 2503.14476), k3 KL to a reference, three token-aggregation rules (below)
+  grpo_loss_fn     GRPO of a decoder LM on a rollout batch; `grpo_terms_fn` also returns its statistics
+  dpo_loss         DPO (arXiv 2305.18290) sigmoid loss on sequence log-probs; `ipo_loss` IPO (arXiv 2310.12036)
+  dpo_loss_fn      DPO or IPO of a decoder LM on chosen/rejected pairs, + alpha * NLL of the chosen completions
+  sft_loss_fn      completion-only next-token loss (`completion_loss_mask` leaves prompt tokens out)
+Next to come: Bradley-Terry reward modelling, process reward models (PRM) and contrastive (InfoNCE) losses.
 
-Axes: B batch, T positions, V vocab.
+GRPO aggregation rules, for a per-token loss l over completion tokens (mask m), as `(loss_sum, weight)`:
+  "seq_mean"    mean over tokens of each sequence, then over sequences (GRPO): sum_b mean_t l, weight B
+  "token_mean"  mean over all tokens of the batch (DAPO): sum_bt l m, weight sum_bt m
+  "constant"    sum over tokens over a constant B * max_len (Dr. GRPO, arXiv 2503.20783): sum_bt l m / max_len,
+                weight B
+so a microbatched step (which divides accumulated sums by accumulated weights) keeps each rule's meaning.
+
+Axes: B batch (sequences or pairs), T positions, N completion tokens, V vocab.
 """
 from __future__ import annotations
 
@@ -92,4 +104,253 @@ def mdm_loss_fn(cfg: mdm.Config, eps: float = 1e-3) -> LossFn:
   def loss_fn(params, batch, rng):
     value, _ = mdm.loss(params, batch["tokens"], cfg, rng, prompt_len_B=batch.get("prompt_len"), eps=eps)
     return value, jnp.ones((), jnp.float32)
+  return loss_fn
+
+
+# ------------------------------------------------------------------------------------------- log-probs
+
+def token_logprobs(logits_BTV, targets_BT, temperature=1.0):
+  """log p(target) under `log_softmax(logits / temperature)`, in fp32, shape [B, T]."""
+  x = logits_BTV.astype(jnp.float32) / temperature
+  picked = jnp.take_along_axis(x, targets_BT[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return picked - jax.nn.logsumexp(x, axis=-1)
+
+
+def token_entropy(logits_BTV, temperature=1.0):
+  """Entropy of `softmax(logits / temperature)` at each position, in fp32, shape [B, T]."""
+  logp = jax.nn.log_softmax(logits_BTV.astype(jnp.float32) / temperature, axis=-1)
+  return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def completion_logprobs(params, cfg: tfm.Config, prompt_BT, prompt_mask_BT, tokens_BN, temperature=1.0,
+                        entropy: bool = False, forward_fn=None):
+  """Teacher-forced log-probs of completions `tokens_BN` after (left-padded) prompts, as `sample` scores them.
+
+  Returns:
+    (logp_BN, entropy_BN or None), fp32, under `log_softmax(logits / temperature)`.
+  """
+  b, t = prompt_BT.shape
+  seq = jnp.concatenate([prompt_BT, tokens_BN], axis=1).astype(jnp.int32)
+  mask = jnp.concatenate([prompt_mask_BT.astype(jnp.int32), jnp.ones(tokens_BN.shape, jnp.int32)], axis=1)
+  logits = (forward_fn or tfm.forward)(params, seq, cfg, attention_mask_BT=mask).logits[:, t - 1:-1]
+  logp = token_logprobs(logits, tokens_BN, temperature)
+  return logp, (token_entropy(logits, temperature) if entropy else None)
+
+
+# ------------------------------------------------------------------------------------------------ GRPO
+
+AGGREGATIONS = ("seq_mean", "token_mean", "constant")
+
+
+def aggregate(x_BN, mask_BN, rule: str, max_len: int | None = None):
+  """`(loss_sum, weight)` of a per-token quantity under an aggregation rule (see the module docstring)."""
+  m = mask_BN.astype(jnp.float32)
+  x = x_BN * m
+  b = jnp.asarray(x_BN.shape[0], jnp.float32)
+  if rule == "seq_mean":
+    return jnp.sum(jnp.sum(x, axis=1) / jnp.maximum(jnp.sum(m, axis=1), 1.0)), b
+  if rule == "token_mean":
+    return jnp.sum(x), jnp.sum(m)
+  if rule == "constant":
+    if not max_len:
+      raise ValueError("aggregation 'constant' needs max_len (the completion-length normalizer)")
+    return jnp.sum(x) / max_len, b
+  raise ValueError(f"aggregation must be one of {AGGREGATIONS}, found {rule!r}")
+
+
+def _masked_mean(x_BN, m_BN):
+  return jnp.sum(x_BN * m_BN) / jnp.maximum(jnp.sum(m_BN), 1.0)
+
+
+def grpo_objective(logp_BN, old_logp_BN, adv_B, mask_BN, *, ref_logp_BN=None, beta: float = 0.0,
+                   clip_low: float = 0.2, clip_high: float = 0.2, aggregation: str = "seq_mean",
+                   max_len: int | None = None):
+  """The clipped GRPO surrogate with a k3 KL penalty, aggregated to `(loss_sum, weight, stats)`.
+
+  Per completion token, with ratio r = exp(logp - old_logp) and advantage A of its sequence:
+    l = -min(r A, clip(r, 1 - clip_low, 1 + clip_high) A) + beta * (exp(ref - logp) - (ref - logp) - 1).
+
+  Args:
+    logp_BN: log-probs of the sampled tokens under the policy being trained (differentiated).
+    old_logp_BN: log-probs under the policy that sampled them (held fixed over the updates of one batch).
+    adv_B: one advantage per sequence.
+    mask_BN: completion mask (1 on generated tokens, the stop token included).
+    ref_logp_BN: reference-policy log-probs; needed only when beta > 0.
+    beta: KL coefficient (0: no reference term).
+    clip_low, clip_high: the ratio is clipped to [1 - clip_low, 1 + clip_high].
+    aggregation: one of `AGGREGATIONS`.
+    max_len: the constant normalizer of "constant" (the maximum completion length).
+
+  Returns:
+    (loss_sum, weight, stats): stats are token means over the mask of kl (k3), clip_low / clip_high (ratio
+    clipped from below with A < 0 / from above with A > 0, the tokens whose gradient the clip removes),
+    clip_frac (either) and ratio.
+  """
+  m = mask_BN.astype(jnp.float32)
+  adv = adv_B.astype(jnp.float32)[:, None]
+  ratio = jnp.exp(logp_BN - old_logp_BN)
+  clipped = jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  per_token = -jnp.minimum(ratio * adv, clipped * adv)
+  stats = {}
+  if beta:
+    if ref_logp_BN is None:
+      raise ValueError("grpo_objective with beta > 0 needs ref_logp_BN")
+    d = ref_logp_BN - logp_BN
+    kl = jnp.exp(d) - d - 1.0
+    per_token = per_token + beta * kl
+    stats["kl"] = _masked_mean(jax.lax.stop_gradient(kl), m)
+  else:
+    stats["kl"] = jnp.zeros((), jnp.float32)
+  loss_sum, weight = aggregate(per_token, m, aggregation, max_len)
+  r = jax.lax.stop_gradient(ratio)
+  low = ((r < 1.0 - clip_low) & (adv < 0)).astype(jnp.float32)
+  high = ((r > 1.0 + clip_high) & (adv > 0)).astype(jnp.float32)
+  stats.update(clip_low=_masked_mean(low, m), clip_high=_masked_mean(high, m),
+               clip_frac=_masked_mean(jnp.maximum(low, high), m), ratio=_masked_mean(r, m))
+  return loss_sum, weight, stats
+
+
+def grpo_terms_fn(cfg: tfm.Config, *, beta: float = 0.0, clip_low: float = 0.2, clip_high: float = 0.2,
+                  aggregation: str = "seq_mean", max_len: int | None = None, temperature: float = 1.0,
+                  forward_fn=None):
+  """`(params, batch) -> (loss_sum, weight, stats)` of GRPO on a rollout batch; stats add the policy entropy.
+
+  Batch keys: prompt [B, T], prompt_mask [B, T], tokens [B, N], completion_mask [B, N], old_logp [B, N],
+  advantages [B], and ref_logp [B, N] when beta > 0. Log-probs are taken under `logits / temperature`, the
+  policy `jaxlab.generate.sample` drew from. Other args as in `grpo_objective`.
+  """
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, found {aggregation!r}")
+  if aggregation == "constant" and not max_len:
+    raise ValueError("aggregation 'constant' needs max_len (the completion-length normalizer)")
+
+  def terms(params, batch):
+    logp, ent = completion_logprobs(params, cfg, batch["prompt"], batch["prompt_mask"], batch["tokens"],
+                                    temperature, entropy=True, forward_fn=forward_fn)
+    mask = batch["completion_mask"]
+    loss_sum, weight, stats = grpo_objective(
+        logp, batch["old_logp"], batch["advantages"], mask, ref_logp_BN=batch.get("ref_logp"), beta=beta,
+        clip_low=clip_low, clip_high=clip_high, aggregation=aggregation, max_len=max_len)
+    stats["entropy"] = _masked_mean(jax.lax.stop_gradient(ent), mask.astype(jnp.float32))
+    return loss_sum, weight, stats
+  return terms
+
+
+def grpo_loss_fn(cfg: tfm.Config, **kw) -> LossFn:
+  """GRPO as a `LossFn` (the statistics dropped); keyword args and batch keys as in `grpo_terms_fn`."""
+  terms = grpo_terms_fn(cfg, **kw)
+
+  def loss_fn(params, batch, rng):
+    del rng
+    loss_sum, weight, _ = terms(params, batch)
+    return loss_sum, weight
+  return loss_fn
+
+
+# --------------------------------------------------------------------------------------- DPO, IPO, SFT
+
+def sequence_logprobs(logits_BTV, targets_BT, mask_BT):
+  """(sum of masked target log-probs [B], number of masked-in tokens [B]), fp32."""
+  m = mask_BT.astype(jnp.float32)
+  return jnp.sum(token_logprobs(logits_BTV, targets_BT) * m, axis=1), jnp.sum(m, axis=1)
+
+
+def dpo_loss(chosen_logp_B, rejected_logp_B, ref_chosen_logp_B, ref_rejected_logp_B, beta: float = 0.1):
+  """Per-pair sigmoid DPO loss -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))) on sequence log-probs."""
+  h = (chosen_logp_B - ref_chosen_logp_B) - (rejected_logp_B - ref_rejected_logp_B)
+  return -jax.nn.log_sigmoid(beta * h)
+
+
+def ipo_loss(chosen_logp_B, rejected_logp_B, ref_chosen_logp_B, ref_rejected_logp_B, beta: float = 0.1,
+             chosen_len_B=None, rejected_len_B=None):
+  """Per-pair IPO loss (h - 1 / (2 beta))^2, h the difference of log-ratios.
+
+  With lengths given each log-ratio is divided by its completion's token count (TRL's choice, which it reports
+  the IPO authors confirmed); without, sequence log-probs are used as in the paper's equation 17.
+  """
+  dc, dr = chosen_logp_B - ref_chosen_logp_B, rejected_logp_B - ref_rejected_logp_B
+  if chosen_len_B is not None:
+    dc = dc / jnp.maximum(chosen_len_B, 1.0)
+  if rejected_len_B is not None:
+    dr = dr / jnp.maximum(rejected_len_B, 1.0)
+  return (dc - dr - 1.0 / (2.0 * beta)) ** 2
+
+
+def _pair_forward(params, cfg, batch, forward_fn):
+  """Chosen and rejected sequence log-probs and token counts from one forward over both halves."""
+  inputs = jnp.concatenate([batch["chosen_inputs"], batch["rejected_inputs"]], axis=0)
+  targets = jnp.concatenate([batch["chosen_targets"], batch["rejected_targets"]], axis=0)
+  mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]], axis=0)
+  logits = (forward_fn or tfm.forward)(params, inputs, cfg).logits
+  b = batch["chosen_inputs"].shape[0]
+  logp_tok = token_logprobs(logits, targets) * mask.astype(jnp.float32)
+  logp, count = jnp.sum(logp_tok, axis=1), jnp.sum(mask.astype(jnp.float32), axis=1)
+  return logp[:b], logp[b:], count[:b], count[b:]
+
+
+def pair_logprobs(params, cfg: tfm.Config, batch: dict, forward_fn=None):
+  """(chosen_logp [B], rejected_logp [B]) sequence log-probs of a pair batch (see `dpo_loss_fn`)."""
+  c, r, _, _ = _pair_forward(params, cfg, batch, forward_fn)
+  return c, r
+
+
+def dpo_loss_fn(cfg: tfm.Config, *, beta: float = 0.1, alpha: float = 0.0, kind: str = "sigmoid",
+                ipo_length_normalize: bool = True, forward_fn=None) -> LossFn:
+  """DPO or IPO on preference pairs, plus `alpha` times the chosen completions' token-mean NLL (RPO).
+
+  Batch keys: chosen_inputs, chosen_targets, chosen_mask, rejected_inputs, rejected_targets, rejected_mask
+  ([B, T] each; right-padded, masks 1 on completion targets only) and ref_chosen_logp, ref_rejected_logp [B]
+  (computed once, `jaxlab.rl.dpo.reference_logprobs`). Returns (sum over pairs of the pair loss + alpha * B *
+  NLL, B), the NLL a token mean over this batch's chosen completions (as TRL's "sft" loss term).
+
+  Args:
+    cfg: the model config.
+    beta: the DPO temperature (IPO's tau).
+    alpha: weight of the NLL term (0: pure DPO/IPO).
+    kind: "sigmoid" (DPO) or "ipo".
+    ipo_length_normalize: IPO on per-token average log-ratios (see `ipo_loss`).
+  """
+  if kind not in ("sigmoid", "ipo"):
+    raise ValueError(f"kind must be 'sigmoid' or 'ipo', found {kind!r}")
+  if beta <= 0:
+    raise ValueError(f"beta must be positive, found {beta}")
+
+  def loss_fn(params, batch, rng):
+    del rng
+    c, r, nc, nr = _pair_forward(params, cfg, batch, forward_fn)
+    rc, rr = batch["ref_chosen_logp"], batch["ref_rejected_logp"]
+    if kind == "sigmoid":
+      per_pair = dpo_loss(c, r, rc, rr, beta)
+    else:
+      lens = (nc, nr) if ipo_length_normalize else (None, None)
+      per_pair = ipo_loss(c, r, rc, rr, beta, *lens)
+    b = jnp.asarray(per_pair.shape[0], jnp.float32)
+    loss_sum = jnp.sum(per_pair)
+    if alpha:
+      loss_sum = loss_sum + alpha * b * (-jnp.sum(c) / jnp.maximum(jnp.sum(nc), 1.0))
+    return loss_sum, b
+  return loss_fn
+
+
+def completion_loss_mask(prompt_len_B, length_B, t: int):
+  """[B, t] target mask of right-padded rows `prompt + completion`: 1 where the target is a completion token.
+
+  Targets are `sequence[1:]`, so target position j predicts token j + 1; it is in when prompt_len - 1 <= j <
+  length - 1 (length = prompt + completion tokens of the row).
+  """
+  j = jnp.arange(t)[None, :]
+  p = jnp.asarray(prompt_len_B)[:, None]
+  n = jnp.asarray(length_B)[:, None]
+  return ((j >= p - 1) & (j < n - 1)).astype(jnp.int32)
+
+
+def sft_loss_fn(cfg: tfm.Config) -> LossFn:
+  """Completion-only next-token loss: `lm_loss_fn` on batches whose `loss_mask` (required) marks completions."""
+  inner = lm_loss_fn(cfg, document_mask=False)
+
+  def loss_fn(params, batch, rng):
+    if "loss_mask" not in batch:
+      raise ValueError("sft_loss_fn needs batch['loss_mask'] (completion_loss_mask); found keys "
+                       f"{sorted(batch)}")
+    return inner(params, batch, rng)
   return loss_fn
