@@ -1,10 +1,10 @@
 """What experiments/cdka.py and experiments/fslora.py share: the base model and the task.
 
 `Setup` says where the base comes from (pretrained here on arithmetic equations, or a transformers checkpoint by
-path) and which task it is fine-tuned on (synthetic word problems from `jaxlab.data.tasks`, or MetaMathQA / GSM8K /
-commonsense JSONL by path); `check_paths` fails before any computation when a needed path is a placeholder or
-missing; `prepare` returns a `Context` (params, tokenizer, examples, encoded arrays) whose `evaluate` scores greedy
-completions by exact match of the final answer and `test_loss` gives the teacher-forced NLL of the solutions.
+path) and which task it is fine-tuned on (synthetic word problems from `jaxlab.data.tasks.arithmetic`, or MetaMathQA
+/ GSM8K / commonsense JSONL by path); `check_paths` fails before any computation when a needed path is a placeholder
+or missing; `prepare` returns a `Context` (params, tokenizer, examples, encoded arrays) whose `evaluate` scores
+greedy completions by exact match of the final answer and `test_loss` gives the teacher-forced NLL of the solutions.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from experiments._shared.recipes import byte_model, fit, optimizer
 from jaxlab import data as data_lib
 from jaxlab import hf, losses
 from jaxlab import sharding as shd
-from jaxlab.data import tasks
+from jaxlab.data.tasks import arithmetic
+from jaxlab.evals import answers
 from jaxlab.generate import sampling
 from jaxlab.models import transformer as tfm
 from jaxlab.train import metrics as metrics_lib
@@ -36,11 +37,11 @@ class Setup:
   """The base model and the task (shared with experiments/fslora.py).
 
   Base: with model_path None, `model` (byte-level) is pretrained here for pretrain_steps on pretrain_docs
-  documents of equation chains and problem statements of training problems (`tasks.pretrain_texts`; plus
+  documents of equation chains and problem statements of training problems (`arithmetic.pretrain_texts`; plus
   `pretrain_mix`, a corpus spec as in lm_pretrain, e.g. "stdlib", if given) and saved to out_dir/base; else the
   transformers checkpoint at model_path is loaded (`jaxlab.hf.load`; a saved base works too, with tokenizer
   "byte"). Task: with train_path None, synthetic arithmetic word problems (digits, steps, ops, label_by); else
-  JSONL files (train_format / test_format as in `jaxlab.data.tasks.load_jsonl`).
+  JSONL files (train_format / test_format as in `jaxlab.data.tasks.arithmetic.load_jsonl`).
   """
   model: tfm.Config = byte_model(32, 1, 2, 64)
   model_path: str | None = None
@@ -77,8 +78,8 @@ class Setup:
       if getattr(self, name) < 0:
         raise ValueError(f"setup.{name} must be >= 0, found {getattr(self, name)}")
     for name, fmt in (("train_format", self.train_format), ("test_format", self.test_format)):
-      if fmt not in tasks.FORMATS:
-        raise ValueError(f"setup.{name} must be one of {tasks.FORMATS}, found {fmt!r}")
+      if fmt not in arithmetic.FORMATS:
+        raise ValueError(f"setup.{name} must be one of {arithmetic.FORMATS}, found {fmt!r}")
     if (self.train_path is None) != (self.test_path is None):
       raise ValueError(f"setup.train_path and setup.test_path go together, found {self.train_path!r} and "
                        f"{self.test_path!r}")
@@ -89,8 +90,8 @@ class Setup:
     if self.train_path is None:
       self.arithmetic()
 
-  def arithmetic(self) -> tasks.Arithmetic:
-    return tasks.Arithmetic(ops=self.ops, steps=self.steps, digits=self.digits, label_by=self.label_by)
+  def arithmetic(self) -> arithmetic.Arithmetic:
+    return arithmetic.Arithmetic(ops=self.ops, steps=self.steps, digits=self.digits, label_by=self.label_by)
 
   @classmethod
   def cpu(cls, **kw) -> "Setup":
@@ -196,19 +197,19 @@ class Context:
 
   def evaluate(self, params, examples=None) -> tuple[float, list[str]]:
     """(exact-match accuracy, completions) of greedy decoding on `examples` (default: the test set)."""
-    t = max(len(r) for r in tasks.prompt_tokens(self.test, self.tok))
+    t = max(len(r) for r in arithmetic.prompt_tokens(self.test, self.tok))
     return evaluate(params, self.model, self.tok, self.test if examples is None else examples,
                     self.setup.max_new_tokens, self.setup.eval_batch, t)
 
 
 def evaluate(params, model_cfg, tok, examples, max_new_tokens: int, batch: int,
              min_len: int = 0) -> tuple[float, list[str]]:
-  """Greedy completions (`jaxlab.generate.sample`, stopping at eos) scored by `tasks.exact_match`.
+  """Greedy completions (`jaxlab.generate.sample`, stopping at eos) scored by `answers.exact_match`.
 
   Prompts are left-padded to the longest one (at least `min_len`) and run in chunks of `batch` rows (the last
   one padded), so the sampler compiles once per model and prompt length.
   """
-  rows = tasks.prompt_tokens(examples, tok)
+  rows = arithmetic.prompt_tokens(examples, tok)
   t = max(min_len, *(len(r) for r in rows))
   pad = tok.batch_pad_id
   ids = np.full((len(rows), t), pad, np.int32)
@@ -226,22 +227,22 @@ def evaluate(params, model_cfg, tok, examples, max_new_tokens: int, batch: int,
     out = sampling.sample(params, model_cfg, chunk_ids, max_new_tokens, prompt_mask=chunk_mask, pad_id=pad)
     toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
     completions += [tok.decode(toks[i, :lens[i]]) for i in range(n)]
-  return tasks.accuracy(completions, examples), completions
+  return answers.accuracy(completions, examples), completions
 
 
 def _load_examples(setup: Setup, seed: int) -> tuple[list, list]:
   if setup.train_path is not None:
-    train = tasks.load_jsonl(setup.train_path, setup.train_format, setup.train_examples or None)
-    test = tasks.load_jsonl(setup.test_path, setup.test_format, setup.test_examples or None)
+    train = arithmetic.load_jsonl(setup.train_path, setup.train_format, setup.train_examples or None)
+    test = arithmetic.load_jsonl(setup.test_path, setup.test_format, setup.test_examples or None)
     return train, test
   spec = setup.arithmetic()
-  return (tasks.word_problems(spec, setup.train_examples, "train", seed + 11),
-          tasks.word_problems(spec, setup.test_examples, "test", seed + 12))
+  return (arithmetic.word_problems(spec, setup.train_examples, "train", seed + 11),
+          arithmetic.word_problems(spec, setup.test_examples, "test", seed + 12))
 
 
 def pretrain(setup: Setup, tok, writer, seed: int) -> tuple[dict, list]:
   """A byte-level base pretrained here on equations over training pairs (and `pretrain_mix` text)."""
-  texts = tasks.pretrain_texts(setup.arithmetic(), setup.pretrain_docs, 4, setup.pretrain_statements, seed)
+  texts = arithmetic.pretrain_texts(setup.arithmetic(), setup.pretrain_docs, 4, setup.pretrain_statements, seed)
   if setup.pretrain_mix:
     mix = load_corpus(setup.pretrain_mix, setup.pretrain_docs // 4)
     texts += [mix[i] for i in range(len(mix))]
@@ -279,9 +280,9 @@ def prepare(setup: Setup, out_dir: str, writer, seed: int = 0) -> Context:
   if need > setup.seq_len:
     raise ValueError(f"setup.seq_len ({setup.seq_len}) is shorter than the longest training example "
                      f"({need} positions)")
-  arrays = tasks.sft_arrays(train, tok, min(-(-need // 8) * 8, setup.seq_len))
+  arrays = arithmetic.sft_arrays(train, tok, min(-(-need // 8) * 8, setup.seq_len))
   fits = [e for e in test if len(tok.encode(e.prompt)) + len(tok.encode(e.target)) + 1 <= setup.seq_len]
-  test_arrays = tasks.sft_arrays(fits or test[:1], tok, setup.seq_len)
+  test_arrays = arithmetic.sft_arrays(fits or test[:1], tok, setup.seq_len)
   return Context(setup, model_cfg, params, tok, train, test, arrays, test_arrays)
 
 

@@ -19,11 +19,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from experiments._shared import recipes
 from jaxlab import hf, losses
-from jaxlab.data import load_tokenizer, scenes as scenes_lib
+from jaxlab.data import load_tokenizer
+from jaxlab.data.tasks import scenes as scenes_lib
 from jaxlab.models import transformer as tfm, vit, vlm
 from jaxlab.nn import layers as nn_layers
-from jaxlab.train import loop as loop_lib, metrics as metrics_lib, schedules, state as state_lib, step as step_lib
+from jaxlab.train import metrics as metrics_lib, schedules, state as state_lib
 
 N_WORDS = len(scenes_lib.vocabulary())
 
@@ -84,10 +86,9 @@ TRAIN_PRESETS = {
 
 
 def _fit(name, loss_fn, params, tx, batches, steps, out_dir, log_every, seed, schedule=None):
-  state = state_lib.create(params, tx, seed)
-  step = step_lib.jit_train_step(step_lib.make_train_step(loss_fn, tx, schedule=schedule))
   path = os.path.join(out_dir, f"metrics_{name}.jsonl")
-  res = loop_lib.train_loop(state, step, batches, steps, metrics_path=path, log_every=log_every, desc=name)
+  res, _ = recipes.fit(state_lib.create(params, tx, seed), loss_fn, tx, batches, steps, schedule=schedule,
+                       metrics_path=path, log_every=log_every, desc=name)
   with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
     for r in metrics_lib.read_jsonl(path):
       f.write(metrics_lib.json_line({"stage": name, **r}))
@@ -97,7 +98,7 @@ def _fit(name, loss_fn, params, tx, batches, steps, out_dir, log_every, seed, sc
 def _adamw(lr, steps):
   """(AdamW with clipping and a 10% warmup + cosine schedule, the schedule)."""
   schedule = schedules.get("cosine", lr, steps, max(1, steps // 10), 0.1)
-  return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.98)), schedule
+  return recipes.optimizer(schedule, "adamw", grad_clip=1.0, b2=0.98, weight_decay=1e-4), schedule
 
 
 def _sampler(arrays: dict, batch: int, seed: int):
@@ -212,7 +213,7 @@ def _text_lm(cfg: TrainConfig, tok, out_dir, key):
   texts = scenes_lib.text_corpus(cfg.n_texts, cfg.scenes, seed=cfg.seed + 1, styles=cfg.lm_styles)
   data = lm_data(texts, tok, cfg.lm_seq_len, cfg.lm_prefix_loss)
   tx, sched = _adamw(cfg.lm_lr, cfg.lm_steps)
-  return _fit("text_lm", step_lib.lm_loss_fn(cfg.text), tfm.init(cfg.text, key), tx,
+  return _fit("text_lm", losses.lm_loss_fn(cfg.text), tfm.init(cfg.text, key), tx,
               _sampler(data, cfg.lm_batch, cfg.seed), cfg.lm_steps, out_dir, cfg.log_every, cfg.seed, sched)
 
 

@@ -2,16 +2,16 @@
 fine-tuning at equal trainable-parameter budgets, with the paper's alignment analysis.
 
 smoke / cpu: a byte-level LLaMA-style LM is pretrained here on bare equation chains ("7+5=12\\n12-3=9") and on
-problem statements without solutions, then fine-tuned on two-step arithmetic word problems whose solution is
-the chain (`jaxlab.data.tasks`); accuracy is the exact match of the final number by greedy decoding on held-out
-problems (in no training text). LoRA of rank k on every targeted linear; CDKA's (r, r1, r2) from
-`kron.recommend(prefer=cdka_prefer)` at LoRA's per-matrix budget (within `budget_tolerance` of LoRA's total);
-method "cdka_alt" is the other preference ("rank": the highest rank bound, r1 = r2 ~ sqrt(d) on square layers;
-"shape": the (2, 8) component shape with the budget spent on r), so a run shows both. Every adapter gets the same
-alpha; learning rates are per method. Alignment: for every targeted matrix the full fine-tuning update dW is
-approximated by the best member of each structure at the same budget (truncated SVD for LoRA, i.e. r1 = r2 = 1;
-`kron.nearest_kron` for (r, r1, r2)); the relative Frobenius error, averaged over matrices, says how much of the
-full update each structure can express. The trained adapters' cosine with the full update is reported too.
+problem statements without solutions, then fine-tuned on two-step arithmetic word problems whose solution is the
+chain (`jaxlab.data.tasks.arithmetic`); accuracy is the exact match of the final number by greedy decoding on
+held-out problems (in no training text). LoRA of rank k on every targeted linear; CDKA's (r, r1, r2) from
+`kron.recommend(prefer=cdka_prefer)` at LoRA's per-matrix budget (within `budget_tolerance` of LoRA's total); method
+"cdka_alt" is the other preference ("rank": the highest rank bound, r1 = r2 ~ sqrt(d) on square layers; "shape": the
+(2, 8) component shape with the budget spent on r), so a run shows both. Every adapter gets the same alpha; learning
+rates are per method. Alignment: for every targeted matrix the full fine-tuning update dW is approximated by the
+best member of each structure at the same budget (truncated SVD for LoRA, i.e. r1 = r2 = 1; `kron.nearest_kron` for
+(r, r1, r2)); the relative Frobenius error, averaged over matrices, says how much of the full update each structure
+can express. The trained adapters' cosine with the full update is reported too.
 full: a LLaMA checkpoint by path (`jaxlab.hf.load`), MetaMathQA (or commonsense_170k) JSONL for training and
 GSM8K (or a commonsense test set) JSONL for testing, the paper's official setting (all linears, r1 = r2 = 2, r = 8).
 
@@ -38,7 +38,7 @@ from experiments import registry
 from experiments._shared.recipes import fit, optimizer
 from experiments.runner.claims import Claim
 from jaxlab.adapters import kron, lora
-from jaxlab.data import tasks
+from jaxlab.data.tasks import arithmetic
 from jaxlab.models import transformer as tfm
 from jaxlab.train import schedules
 from jaxlab.train import state as state_lib
@@ -285,7 +285,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   results["accuracy"]["base"] = ctx.evaluate(ctx.params)[0]
   results["test_loss"]["base"] = ctx.test_loss(ctx.params)
   if cfg.setup.train_path is None:
-    results["base_equation_accuracy"] = ctx.evaluate(ctx.params, tasks.equation_problems(
+    results["base_equation_accuracy"] = ctx.evaluate(ctx.params, arithmetic.equation_problems(
         cfg.setup.arithmetic(), cfg.setup.test_examples, "test", cfg.seed + 12))[0]
   curves, effective, key = {}, {}, jax.random.PRNGKey(cfg.seed + 2)
   completions_path = common.fresh(os.path.join(out_dir, "completions.jsonl"))

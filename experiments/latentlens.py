@@ -1,16 +1,16 @@
 """LatentLens (arXiv:2602.00462) against LogitLens and EmbeddingLens on visual tokens of a VLM, judged per layer.
 
-The cpu preset has ground truth (`jaxlab.data.scenes`). The VLM is `experiments._vlm_pipeline`'s: a word-level
+The cpu preset has ground truth (`jaxlab.data.tasks.scenes`). The VLM is `experiments._vlm_pipeline`'s: a word-level
 text LM pretrained on caption-like and everyday text (160 words: 12 colours, 8 shapes, 6 backgrounds, positions,
-function words and ~100 everyday words; the colour words also modify everyday nouns, as in real text), a small
-ViT, and a connector trained alone to caption scenes. Two of the LM's text styles put a context prefix before a
-caption (notes: the objects' attribute words; patch grid: one attribute word per patch in raster order, the
-textual analogue of image tokens) and carry no loss on the prefix: the LM learns to read it, as a VLM's LM reads
-image tokens, but is never trained to predict it, so, as in real VLMs, the LM head's next-token predictions at
-visual positions are not trained towards describing the image. The LatentLens index runs the same frozen LM
-over fresh texts of every style (other scenes than the evaluated ones; no image tokens) and stores every
-hidden state 0 .. L (`default_index_layers`). Every LM layer's visual tokens (0 = the connector's outputs,
-L = the final-normed output) are described by their top-5 tokens under each lens.
+function words and ~100 everyday words; the colour words also modify everyday nouns, as in real text), a small ViT,
+and a connector trained alone to caption scenes. Two of the LM's text styles put a context prefix before a caption
+(notes: the objects' attribute words; patch grid: one attribute word per patch in raster order, the textual analogue
+of image tokens) and carry no loss on the prefix: the LM learns to read it, as a VLM's LM reads image tokens, but is
+never trained to predict it, so, as in real VLMs, the LM head's next-token predictions at visual positions are not
+trained towards describing the image. The LatentLens index runs the same frozen LM over fresh texts of every style
+(other scenes than the evaluated ones; no image tokens) and stores every hidden state 0 .. L
+(`default_index_layers`). Every LM layer's visual tokens (0 = the connector's outputs, L = the final-normed output)
+are described by their top-5 tokens under each lens.
 
 What is judged: one judge, applied identically to the three lenses, sees only the five description tokens (for
 LatentLens: the neighbours' tokens, duplicates included, without their contexts). A visual token is
@@ -27,8 +27,9 @@ background-patch share, the top-1 share and the captioning model's teacher-force
 
 The full preset runs the same evaluation on a real LLaVA checkpoint directory (`vlm_path`, with its
 tokenizer.json), images from a folder and an index corpus from a text file (one context per line), judging
-`full_patches_per_image` sampled patches per image; its judge is a callable given as "module:name" (see
-`Judge`: an LLM judge gets the image, the patch and the five words); without one it stops with an error.
+`full_patches_per_image` sampled patches per image; its judge is a callable given as "module:name" (a
+`jaxlab.evals.judge.Judge` of `JudgeItem`s: an LLM judge gets the image, the patch and the five words); without
+one it stops with an error.
 
   python -m experiments run latentlens --preset cpu
   python -m experiments run latentlens --preset full --set vlm_path=/ckpt/llava --set images_path=/imgs \\
@@ -37,11 +38,10 @@ tokenizer.json), images from a folder and an index corpus from a text file (one 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 from math import comb
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +49,8 @@ import numpy as np
 
 from experiments import _vlm_pipeline as pipe, registry
 from experiments.runner.claims import Claim
-from jaxlab.data import scenes as scenes_lib
+from jaxlab.data.tasks import scenes as scenes_lib
+from jaxlab.evals import judge as judge_lib
 from jaxlab.interp import lenses
 from jaxlab.models import transformer as tfm, vlm
 
@@ -109,18 +110,6 @@ class JudgeItem(NamedTuple):
   words: tuple[str, ...]  # the lens's top-k descriptions, best first
 
 
-class Judge(Protocol):
-  """Decides, per item, whether any description names something in or near the patch."""
-
-  def __call__(self, items: Sequence[JudgeItem]) -> Sequence[bool]: ...
-
-
-class MissingJudge:
-  def __call__(self, items):
-    raise ValueError("the full preset needs an LLM judge: pass --set judge=module:name naming a callable "
-                     "items -> list[bool] (see experiments.latentlens.Judge); none was given")
-
-
 class GroundTruthJudge:
   """Interpretable iff a description (stripped, lower-cased) is one of `scenes_lib.truth_words` of the patch.
 
@@ -139,16 +128,6 @@ class GroundTruthJudge:
     return [bool({w.strip().lower() for w in it.words} & (scenes_lib.truth_words(self.scenes, it.image_index,
                                                                                  it.patch) - drop))
             for it in items]
-
-
-def load_judge(spec: str) -> Judge:
-  if not spec:
-    return MissingJudge()
-  mod, _, name = spec.partition(":")
-  if not name:
-    raise ValueError(f"judge must be 'module:name', found {spec!r}")
-  obj = getattr(importlib.import_module(mod), name)
-  return obj() if isinstance(obj, type) else obj
 
 
 def chance(scenes: scenes_lib.Scenes, n_words: int, k: int) -> float:
@@ -194,7 +173,8 @@ def lens_ids(lm_params, text_cfg: tfm.Config, hs_LNPD, index: lenses.LatentIndex
   return ids, nb
 
 
-def judge_layers(ids: dict, vocab: Sequence[str], images, grid: int, judge: Judge, patches=None) -> dict:
+def judge_layers(ids: dict, vocab: Sequence[str], images, grid: int, judge: judge_lib.Judge[JudgeItem],
+                 patches=None) -> dict:
   """{lens: [L+1] share of judged visual tokens interpretable}, plus the per-token verdicts {lens: [L+1, N, P]}.
 
   Args:
@@ -290,9 +270,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     scenes, pixels, prompt, texts, judge = _scene_inputs(cfg, art, res)
     images, patches = scenes.images, None
   else:
-    judge = load_judge(cfg.judge)
-    if isinstance(judge, MissingJudge):
-      judge([])
+    judge = judge_lib.load(cfg.judge, "the full preset (an LLM judge of patch descriptions)")
     art = pipe.load_checkpoint(cfg.vlm_path)
     images, pixels, prompt, texts, _ = _full_inputs(cfg, art)
     scenes, patches = None, "sample"

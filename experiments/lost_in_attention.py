@@ -34,7 +34,7 @@ import numpy as np
 
 from experiments import _vlm_pipeline as pipe, registry
 from experiments.runner.claims import Claim
-from jaxlab.data import scenes as scenes_lib
+from jaxlab.data.tasks import scenes as scenes_lib
 from jaxlab.interp import geometry
 from jaxlab.models import vlm
 from jaxlab.train import metrics as metrics_lib

@@ -1,5 +1,6 @@
-"""jaxlab.data.scenes: ground truth checked against the pixels (nearest palette colour, box geometry), the patch
-owner against a brute-force count, shape areas against closed forms, the tokenizer round trip, the idx reader."""
+"""jaxlab.data.tasks.scenes: ground truth checked against the pixels (nearest palette colour, box geometry), the
+patch owner against a brute-force count, shape areas against closed forms, the tokenizer round trip, the idx
+reader."""
 import gzip
 import itertools
 import math
@@ -8,7 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from jaxlab.data import load_tokenizer, scenes as S
+from jaxlab.data import load_tokenizer
+from jaxlab.data.tasks import scenes as S
 
 CLEAN = S.SceneConfig(noise=0.0)
 

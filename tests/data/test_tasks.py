@@ -1,14 +1,15 @@
-"""jaxlab.data.tasks: word problems checked by an independent parser of their text, held-out problems disjoint
-from training and pretraining text, answer extraction on GSM8K / MetaMathQA / commonsense forms, SFT masks,
-and JSONL loading."""
+"""jaxlab.data.tasks.arithmetic and jaxlab.evals.answers: word problems checked by an independent parser of their
+text, held-out problems disjoint from training and pretraining text, answer extraction on GSM8K / MetaMathQA /
+commonsense forms, SFT masks, and JSONL loading."""
 import json
 import re
 
 import numpy as np
 import pytest
 
-from jaxlab.data import tasks
+from jaxlab.data.tasks import arithmetic
 from jaxlab.data.tokenizers import ByteTokenizer
+from jaxlab.evals import answers
 
 
 def _solve_text(prompt: str) -> int:
@@ -22,10 +23,10 @@ def _solve_text(prompt: str) -> int:
   return cur
 
 
-@pytest.mark.parametrize("spec", [tasks.Arithmetic(), tasks.Arithmetic(ops=("add", "sub", "mul"), steps=3),
-                                  tasks.Arithmetic(ops=("sub",), steps=1, digits=2)])
+@pytest.mark.parametrize("spec", [arithmetic.Arithmetic(), arithmetic.Arithmetic(ops=("add", "sub", "mul"), steps=3),
+                                  arithmetic.Arithmetic(ops=("sub",), steps=1, digits=2)])
 def test_word_problems_are_correct_by_an_independent_reading(spec):
-  for e in tasks.word_problems(spec, 200, "train", seed=3):
+  for e in arithmetic.word_problems(spec, 200, "train", seed=3):
     value = _solve_text(e.prompt)
     assert e.answer == str(value)
     eqs = e.target.split(", ")
@@ -38,14 +39,14 @@ def test_word_problems_are_correct_by_an_independent_reading(spec):
       assert prev is None or a == prev  # each step starts from the previous result
       prev = int(rhs)
     assert prev == value
-    assert tasks.exact_match(e.target, e.answer)
+    assert answers.exact_match(e.target, e.answer)
 
 
 def test_labels_match_the_text():
-  spec = tasks.Arithmetic(ops=("add", "sub", "mul"))
-  for label_by in tasks.LABELS:
-    s = tasks.Arithmetic(ops=spec.ops, label_by=label_by)
-    for e in tasks.word_problems(s, 100, "train", seed=1):
+  spec = arithmetic.Arithmetic(ops=("add", "sub", "mul"))
+  for label_by in arithmetic.LABELS:
+    s = arithmetic.Arithmetic(ops=spec.ops, label_by=label_by)
+    for e in arithmetic.word_problems(s, 100, "train", seed=1):
       ops = ["add" if "+" in q else "sub" if "-" in q else "mul" for q in e.target.split(", ")]
       want = {"op": spec.ops.index(ops[0]), "pattern": s.patterns.index(tuple(ops)),
               "digits": len(e.answer) - 1}[label_by]
@@ -53,14 +54,14 @@ def test_labels_match_the_text():
 
 
 def test_test_problems_never_appear_in_training_or_pretraining_text():
-  spec = tasks.Arithmetic()
-  test = tasks.problems(spec, 150, "test", seed=0)
-  train = tasks.problems(spec, 3000, "train", seed=1)
+  spec = arithmetic.Arithmetic()
+  test = arithmetic.problems(spec, 150, "test", seed=0)
+  train = arithmetic.problems(spec, 3000, "train", seed=1)
   assert not set(test) & set(train)
-  assert all(tasks.split_of(spec, p) == "test" for p in test)
-  held = {tasks.solution(p, "\n") for p in test}
+  assert all(arithmetic.split_of(spec, p) == "test" for p in test)
+  held = {arithmetic.solution(p, "\n") for p in test}
   held_values = {(p.start, p.ops, p.operands) for p in test}
-  docs = tasks.pretrain_texts(spec, 300, 4, 2, seed=2)
+  docs = arithmetic.pretrain_texts(spec, 300, 4, 2, seed=2)
   for d in docs:
     lines = d.split("\n")
     eqs, statements = lines[:4 * spec.steps], lines[4 * spec.steps:]
@@ -76,25 +77,25 @@ def test_test_problems_never_appear_in_training_or_pretraining_text():
       assert _solve_text(f"Q: {q}\nA: ") >= 0
   # the held-out fraction is the configured one (over fresh random problems, within sampling error)
   rng = np.random.default_rng(0)
-  frac = np.mean([tasks.split_of(spec, tasks._random_problem(spec, rng)) == "test" for _ in range(4000)])
+  frac = np.mean([arithmetic.split_of(spec, arithmetic._random_problem(spec, rng)) == "test" for _ in range(4000)])
   assert abs(frac - spec.test_fraction) < 0.03
 
 
 def test_draws_are_deterministic_and_distinct_while_possible():
-  spec = tasks.Arithmetic()
-  a = tasks.word_problems(spec, 50, "test", seed=5)
-  assert a == tasks.word_problems(spec, 50, "test", seed=5)
-  assert a != tasks.word_problems(spec, 50, "test", seed=6)
+  spec = arithmetic.Arithmetic()
+  a = arithmetic.word_problems(spec, 50, "test", seed=5)
+  assert a == arithmetic.word_problems(spec, 50, "test", seed=5)
+  assert a != arithmetic.word_problems(spec, 50, "test", seed=6)
   assert len({e.target for e in a}) == 50
 
 
 def test_equation_problems_are_the_bare_chains():
-  spec = tasks.Arithmetic()
-  for e in tasks.equation_problems(spec, 30, "test", seed=0):
+  spec = arithmetic.Arithmetic()
+  for e in arithmetic.equation_problems(spec, 30, "test", seed=0):
     full = e.prompt + e.target
     assert e.prompt.endswith("=") and full.count("\n") == spec.steps - 1
     assert full.rsplit("=", 1)[1] == e.answer
-    assert tasks.exact_match(e.answer + "\n3+4=7", e.answer)  # the next pretraining-style line is ignored
+    assert answers.exact_match(e.answer + "\n3+4=7", e.answer)  # the next pretraining-style line is ignored
 
 
 @pytest.mark.parametrize("completion,gold,ok", [
@@ -114,13 +115,13 @@ def test_equation_problems_are_the_bare_chains():
     ("True", "true", True),
 ])
 def test_exact_match(completion, gold, ok):
-  assert tasks.exact_match(completion, gold) is ok
+  assert answers.exact_match(completion, gold) is ok
 
 
 def test_sft_arrays_train_only_on_the_solution_and_eos():
   tok = ByteTokenizer()
-  exs = tasks.word_problems(tasks.Arithmetic(), 8, "train", seed=0)
-  arr = tasks.sft_arrays(exs, tok, 96)
+  exs = arithmetic.word_problems(arithmetic.Arithmetic(), 8, "train", seed=0)
+  arr = arithmetic.sft_arrays(exs, tok, 96)
   for i, e in enumerate(exs):
     full = tok.encode(e.prompt, add_bos=True) + tok.encode(e.target, add_eos=True)
     n = len(full) - 1
@@ -130,7 +131,7 @@ def test_sft_arrays_train_only_on_the_solution_and_eos():
     assert tok.decode(arr["targets"][i][m], skip_special=False) == e.target + "<eos>"
     assert not m[n:].any()
   with pytest.raises(ValueError, match="seq_len"):
-    tasks.sft_arrays(exs, tok, 20)
+    arithmetic.sft_arrays(exs, tok, 20)
 
 
 def test_load_jsonl_formats(tmp_path):
@@ -142,26 +143,26 @@ def test_load_jsonl_formats(tmp_path):
   cs = tmp_path / "cs.jsonl"
   cs.write_text(json.dumps({"instruction": "Is it? Answer format: true/false", "input": "",
                             "output": "the correct answer is true", "answer": "true"}) + "\n")
-  g = tasks.load_jsonl(str(gsm), "gsm8k")
+  g = arithmetic.load_jsonl(str(gsm), "gsm8k")
   assert [e.answer for e in g] == ["5", "1200"] and g[0].target == "2+3=5\n#### 5"
   assert "2 plus 3?" in g[0].prompt and g[0].prompt.endswith("### Response:\n")
-  assert tasks.exact_match(g[1].target, g[1].answer)
-  assert tasks.load_jsonl(str(mm), "metamathqa")[0].answer == "8"
-  c = tasks.load_jsonl(str(cs), "commonsense")[0]
-  assert c.answer == "true" and tasks.exact_match(c.target, c.answer)
-  assert len(tasks.load_jsonl(str(gsm), "gsm8k", limit=1)) == 1
+  assert answers.exact_match(g[1].target, g[1].answer)
+  assert arithmetic.load_jsonl(str(mm), "metamathqa")[0].answer == "8"
+  c = arithmetic.load_jsonl(str(cs), "commonsense")[0]
+  assert c.answer == "true" and answers.exact_match(c.target, c.answer)
+  assert len(arithmetic.load_jsonl(str(gsm), "gsm8k", limit=1)) == 1
   with pytest.raises(FileNotFoundError, match="no file"):
-    tasks.load_jsonl(str(tmp_path / "missing.jsonl"), "gsm8k")
+    arithmetic.load_jsonl(str(tmp_path / "missing.jsonl"), "gsm8k")
   with pytest.raises(ValueError, match="fmt"):
-    tasks.load_jsonl(str(gsm), "alpaca")
+    arithmetic.load_jsonl(str(gsm), "alpaca")
   with pytest.raises(KeyError, match="query"):
-    tasks.load_jsonl(str(gsm), "metamathqa")
+    arithmetic.load_jsonl(str(gsm), "metamathqa")
 
 
 def test_spec_validation():
   with pytest.raises(ValueError, match="ops"):
-    tasks.Arithmetic(ops=("div",))
+    arithmetic.Arithmetic(ops=("div",))
   with pytest.raises(ValueError, match="label_by"):
-    tasks.Arithmetic(label_by="size")
+    arithmetic.Arithmetic(label_by="size")
   with pytest.raises(ValueError, match="steps"):
-    tasks.Arithmetic(steps=0)
+    arithmetic.Arithmetic(steps=0)

@@ -221,10 +221,10 @@ def test_presets_validate_and_full_needs_paths(tmp_path):
 
 
 def test_client_labels_fall_back_to_answer_length():
-  from jaxlab.data import tasks
-  exs = [tasks.Example("q", a, 0, a) for a in ("1", "12", "7", "123", "45")]
+  from jaxlab.data.tasks import arithmetic
+  exs = [arithmetic.Example("q", a, 0, a) for a in ("1", "12", "7", "123", "45")]
   assert fslora_exp.client_labels(exs).tolist() == [0, 1, 0, 2, 1]
-  exs = [tasks.Example("q", "1", lab, "1") for lab in (0, 2, 1)]
+  exs = [arithmetic.Example("q", "1", lab, "1") for lab in (0, 2, 1)]
   assert fslora_exp.client_labels(exs).tolist() == [0, 2, 1]
 
 

@@ -16,7 +16,7 @@ from experiments import _vlm_pipeline as pipe
 from experiments import latentlens as ll
 from experiments import lost_in_attention as lia
 from experiments import registry
-from jaxlab.data import scenes as S
+from jaxlab.data.tasks import scenes as S
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOKE_LAYERS = pipe.TRAIN_PRESETS["smoke"].text.n_layers

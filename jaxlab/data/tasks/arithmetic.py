@@ -12,8 +12,8 @@ learns the arithmetic facts there and fine-tuning teaches reading problems into 
 appears in no pretraining or fine-tuning text (its single facts may). Each example carries an integer label for
 non-IID federated splits: the first operation, the operation pattern, or the answer's digit count.
 
-`extract_answer` reads the final answer from a completion (after "####", "The answer is", or the last "=";
-else the last number, or the first line for non-numeric answers); `exact_match` compares normalized answers.
+Answers are stored `normalize`d; reading an answer out of a completion and scoring it is
+`jaxlab.evals.answers`.
 """
 from __future__ import annotations
 
@@ -211,61 +211,18 @@ def equation_problems(spec: Arithmetic, n: int, split: str = "test", seed: int =
 
 # ------------------------------------------------------------------------------------------ checking
 
-_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def normalize(ans: str) -> str:
   """Strips spaces, a trailing period, '$' and thousands separators; 12.0 -> 12; lower-cases words."""
   s = ans.strip().rstrip(".").strip().replace("$", "")
-  if _NUM.fullmatch(s):
+  if NUMBER.fullmatch(s):
     s = s.replace(",", "")
     if "." in s:
       s = s.rstrip("0").rstrip(".")
     return str(int(s)) if re.fullmatch(r"-?\d+", s) else s
   return s.lower()
-
-
-def extract_answer(text: str) -> str:
-  """The final numeric answer of a completion: the number after the last "####" / "The answer is" / "=" of
-  its first line, else the last number of the first line, else the first line (normalized)."""
-  for marker in ("####", "The answer is:", "The answer is", "the answer is"):
-    if marker in text:
-      tail = text.rsplit(marker, 1)[1].strip().split("\n")[0]
-      m = _NUM.search(tail)
-      return normalize(m.group(0) if m else tail)
-  line = text.strip().split("\n")[0] if text.strip() else ""
-  if "=" in line:
-    m = _NUM.match(line.rsplit("=", 1)[1].strip())
-    return normalize(m.group(0)) if m else ""
-  nums = _NUM.findall(line)
-  return normalize(nums[-1] if nums else line)
-
-
-_CHOICE = re.compile(r"\b(true|false|solution[12]|answer[1-5]|option[12]|ending[1-4])\b", re.IGNORECASE)
-
-
-def extract_choice(text: str) -> str:
-  """The first commonsense answer word (true/false, solutionK, answerK, optionK, endingK), else the first line."""
-  m = _CHOICE.search(text)
-  return m.group(1).lower() if m else normalize(text.strip().split("\n")[0] if text.strip() else "")
-
-
-def exact_match(completion: str, answer: str) -> bool:
-  """Whether the completion's final answer equals `answer` after normalization: numeric answers through
-  `extract_answer`, others (commonsense choices) through `extract_choice`."""
-  gold = normalize(answer)
-  if not gold:
-    return False
-  numeric = re.fullmatch(r"-?\d+(\.\d+)?", gold) is not None
-  return (extract_answer(completion) if numeric else extract_choice(completion)) == gold
-
-
-def accuracy(completions: Sequence[str], examples: Sequence[Example]) -> float:
-  if len(completions) != len(examples):
-    raise ValueError(f"accuracy: {len(completions)} completions for {len(examples)} examples")
-  if not examples:
-    return float("nan")
-  return float(np.mean([exact_match(c, e.answer) for c, e in zip(completions, examples)]))
 
 
 # ---------------------------------------------------------------------------------------- encoding
@@ -298,6 +255,7 @@ def prompt_tokens(examples: Sequence[Example], tokenizer) -> list[list[int]]:
 
 _ALPACA = ("Below is an instruction that describes a task. Write a response that appropriately completes the "
            "request.\n\n### Instruction:\n{q}\n\n### Response:\n")
+_MARKERS = {"gsm8k": "####", "metamathqa": "The answer is:"}
 _FIELDS = {"gsm8k": ("question", "answer"), "metamathqa": ("query", "response"),
            "commonsense": ("instruction", "output")}
 
@@ -324,6 +282,16 @@ def load_jsonl(path: str, fmt: str, limit: int | None = None, template: str = _A
   out = []
   for i in range(n):
     q, target = qs[i], ans[i]
-    answer = str(answers[i]).strip() if answers is not None else extract_answer(target)
+    answer = str(answers[i]).strip() if answers is not None else _gold(target, _MARKERS[fmt], path, i)
     out.append(Example(template.format(q=q), answer, 0, target))
   return out
+
+
+def _gold(target: str, marker: str, path: str, i: int) -> str:
+  """The normalized number after the last `marker` of a reference solution (else the text after it)."""
+  if marker not in target:
+    raise ValueError(f"load_jsonl: record {i} of {path}: expected a solution ending in {marker!r} N, found "
+                     f"{target[-60:]!r}")
+  tail = target.rsplit(marker, 1)[1].strip().split("\n")[0]
+  m = NUMBER.search(tail)
+  return normalize(m.group(0) if m else tail)

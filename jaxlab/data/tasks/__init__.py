@@ -1,0 +1,2 @@
+"""Paper datasets with checkable ground truth: arithmetic word problems and math / commonsense JSONL
+(`arithmetic`), synthetic scenes with per-patch truth (`scenes`)."""

@@ -1,0 +1,1 @@
+"""Evaluation: answer extraction and exact match (`answers`), and the judge protocol (`judge`)."""
