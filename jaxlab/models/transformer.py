@@ -77,9 +77,7 @@ class Config:
       bad(f"activation must be one of {sorted(layers.ACTIVATIONS)}, found {self.activation!r}")
     if self.kdim % 2:
       bad(f"head_dim must be even for rotary embeddings, found {self.kdim}")
-    for name in ("param_dtype", "dtype"):
-      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
-        bad(f"{name} must be float32, bfloat16 or float16, found {getattr(self, name)!r}")
+    layers.check_dtype_names(self, bad)
 
   @property
   def kv_heads(self) -> int:

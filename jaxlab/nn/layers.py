@@ -9,6 +9,16 @@ import jax
 import jax.numpy as jnp
 
 
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+
+def check_dtype_names(cfg, fail, names=("param_dtype", "dtype")) -> None:
+  """Calls `fail(message)` for the first field of `names` on `cfg` that is not one of DTYPE_NAMES."""
+  for name in names:
+    if getattr(cfg, name) not in DTYPE_NAMES:
+      fail(f"{name} must be float32, bfloat16 or float16, found {getattr(cfg, name)!r}")
+
+
 def normal(key, shape, std, dtype=jnp.float32):
   return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
