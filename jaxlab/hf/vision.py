@@ -6,6 +6,9 @@ without a prefix, `Dinov2Model` with its legacy names (`encoder.layer.{i}.attent
 `language_model.lm_head.*`. Full CLIP / SigLIP checkpoints (model_type "clip" / "siglip", e.g.
 openai/clip-vit-large-patch14-336) load as their vision tower, `vision_model.*`, ignoring the text tower.
 Keys a config.json leaves out take the transformers config defaults.
+
+The checkpoint layout of a `vit.Config` follows from its architecture fields (`layout`): layer scale means
+DINOv2, no class token SigLIP, otherwise CLIP; `vision_config_from_hf` sets the fields of each layout.
 """
 from __future__ import annotations
 
@@ -35,6 +38,13 @@ _ACT_FROM_HF = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "g
                 "relu": "relu", "silu": "silu"}
 _ACT_TO_HF = {"gelu_tanh": "gelu_pytorch_tanh"}
 VISION_MODEL_TYPES = {"clip": "clip_vision_model", "siglip": "siglip_vision_model", "dinov2": "dinov2"}
+
+
+def layout(cfg: vit.Config) -> str:
+  """The checkpoint layout ("clip", "siglip" or "dinov2") that `cfg`'s architecture is saved and loaded in."""
+  if cfg.layer_scale:
+    return "dinov2"
+  return "clip" if cfg.cls_token else "siglip"
 
 
 def _act(name: str) -> str:
@@ -76,8 +86,8 @@ def vision_config_from_hf(d: dict) -> vit.Config:
 def _require(cfg: vit.Config, want: dict):
   bad = [f"{k}={getattr(cfg, k)!r} (needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
   if bad:
-    raise ValueError(f"vit.Config with hf_format={cfg.hf_format!r} is not a transformers "
-                     f"{VISION_MODEL_TYPES[cfg.hf_format]}: " + "; ".join(bad))
+    raise ValueError(f"vit.Config in the {layout(cfg)} layout is not a transformers "
+                     f"{VISION_MODEL_TYPES[layout(cfg)]}: " + "; ".join(bad))
 
 
 def vision_config_to_hf(cfg: vit.Config) -> dict:
@@ -85,19 +95,20 @@ def vision_config_to_hf(cfg: vit.Config) -> dict:
        "num_channels": cfg.channels, "image_size": cfg.image_size, "patch_size": cfg.patch_size,
        "hidden_act": _ACT_TO_HF.get(cfg.activation, cfg.activation), "layer_norm_eps": cfg.norm_eps,
        "initializer_range": cfg.init_std, "attention_dropout": 0.0}
-  common = dict(n_registers=0, qkv_bias=True, layer_scale=False, mask_token=False)
-  if cfg.hf_format == "clip":
+  common = dict(n_registers=0, qkv_bias=True, layer_scale=False, mask_token=False, unit_dims=False)
+  kind = layout(cfg)
+  if kind == "clip":
     _require(cfg, dict(common, cls_token=True, patch_bias=False, pre_norm=True, final_norm="pooled", pool="cls"))
     return {"architectures": ["CLIPVisionModel"], "model_type": "clip_vision_model", **d,
             "intermediate_size": cfg.d_ff}
-  if cfg.hf_format == "siglip":
+  if kind == "siglip":
     if cfg.pool not in ("map", "none"):
       raise ValueError(f"a SigLIP vision model pools with its head or not at all; found pool={cfg.pool!r}")
     _require(cfg, dict(common, cls_token=False, patch_bias=True, pre_norm=False, final_norm="sequence"))
     return {"architectures": ["SiglipVisionModel"], "model_type": "siglip_vision_model", **d,
             "intermediate_size": cfg.d_ff, "vision_use_head": cfg.pool == "map"}
   _require(cfg, dict(cls_token=True, patch_bias=True, pre_norm=False, final_norm="sequence", pool="cls",
-                     layer_scale=True))
+                     layer_scale=True, unit_dims=True))
   if cfg.d_ff % cfg.d_model:
     raise ValueError(f"DINOv2 sizes its MLP as hidden_size * mlp_ratio (an integer); found d_ff={cfg.d_ff}, "
                      f"d_model={cfg.d_model}")
@@ -117,7 +128,7 @@ def vision_tensors(cfg: vit.Config, prefix: str = "", root: tuple[str, ...] = ()
   lin = lambda hf, path, bias=True: [T(hf + ".weight", path + ("kernel",), True)] + (
       [T(hf + ".bias", path + ("bias",))] if bias else [])
   ln = lambda hf, path: [T(hf + ".weight", path + ("scale",)), T(hf + ".bias", path + ("bias",))]
-  if cfg.hf_format == "dinov2":
+  if layout(cfg) == "dinov2":
     E, L = "embeddings.", "encoder.layer.{i}."
     out = [T(E + "cls_token", ("cls_token",)), T(E + "position_embeddings", ("pos_embed",)),
            T(E + "patch_embeddings.projection.weight", ("patch_embed", "kernel")),

@@ -8,9 +8,10 @@ optional register tokens (arXiv 2309.16588). Position embeddings are not interpo
 config's size.
 
 Pixels are channels-last, [B, H, W, C] (a transformers `pixel_values` tensor is [B, C, H, W]: transpose it).
-Params keep the checkpoint layout of `hf_format` so `jaxlab.hf` loads them without reshaping: the patch
-kernel is the convolution's [D, C, p, p]; the class token and position table are [D] and [N, D] for CLIP and
-SigLIP, [1, 1, D] and [1, N, D] for DINOv2. Blocks are stacked on a leading `layers` axis under lax.scan.
+The patch kernel is the convolution's [D, C, p, p]; the class token and position table are [D] and [S, D], or
+[1, 1, D] and [1, S, D] with `unit_dims` (DINOv2's shapes), so checkpoints load without reshaping; which
+checkpoint layout a config reads and writes is `jaxlab.hf.vision`'s business. Blocks are stacked on a leading
+`layers` axis under lax.scan.
 
 Axes: B batch, H/W image, C channels, p patch, S sequence (class + registers + patches), D model, F mlp,
 N heads, K head dim, L layers.
@@ -18,7 +19,7 @@ N heads, K head dim, L layers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ from jaxlab.models import transformer as _tfm  # noqa: F401  (registers the shar
 from jaxlab.nn import attention as attn_lib
 from jaxlab.nn import axes, layers
 
-HF_FORMATS = ("clip", "siglip", "dinov2")
+CAPTURES = ("hidden_states", "attn_weights")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Config:
   layer_scale: bool = False  # DINOv2 per-channel scales on the attention and MLP outputs
   layer_scale_init: float = 1.0
   mask_token: bool = False  # DINOv2 checkpoints carry a (here unused) mask token
-  hf_format: str = "clip"  # checkpoint layout of the params and the HF architecture `jaxlab.hf.save` writes
+  unit_dims: bool = False  # class token [1, 1, D] and position table [1, S, D] (DINOv2) instead of [D], [S, D]
   init_std: float = 0.02
   param_dtype: str = "float32"
   dtype: str = "float32"
@@ -80,11 +81,7 @@ class Config:
     if self.n_registers < 0 or (self.n_registers and not self.cls_token):
       bad(f"register tokens follow the class token: need cls_token=True and n_registers >= 0, found "
           f"cls_token={self.cls_token}, n_registers={self.n_registers}")
-    if self.hf_format not in HF_FORMATS:
-      bad(f"hf_format must be one of {HF_FORMATS}, found {self.hf_format!r}")
-    for name in ("param_dtype", "dtype"):
-      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
-        bad(f"{name} must be float32, bfloat16 or float16, found {getattr(self, name)!r}")
+    layers.check_dtype_names(self, bad)
 
   @property
   def kdim(self) -> int:
@@ -113,18 +110,18 @@ class Config:
 
 def clip_config(**kw) -> Config:
   return Config(**{**dict(activation="quick_gelu", norm_eps=1e-5, cls_token=True, patch_bias=False, pre_norm=True,
-                          final_norm="pooled", pool="cls", hf_format="clip"), **kw})
+                          final_norm="pooled", pool="cls"), **kw})
 
 
 def siglip_config(**kw) -> Config:
   return Config(**{**dict(activation="gelu_tanh", norm_eps=1e-6, cls_token=False, patch_bias=True, pre_norm=False,
-                          final_norm="sequence", pool="map", hf_format="siglip"), **kw})
+                          final_norm="sequence", pool="map"), **kw})
 
 
 def dinov2_config(**kw) -> Config:
   return Config(**{**dict(activation="gelu", norm_eps=1e-6, cls_token=True, patch_bias=True, pre_norm=False,
                           final_norm="sequence", pool="cls", layer_scale=True, mask_token=True,
-                          hf_format="dinov2"), **kw})
+                          unit_dims=True), **kw})
 
 
 _TINY = dict(image_size=32, patch_size=8, d_model=64, n_layers=2, n_heads=4, d_ff=128)
@@ -149,7 +146,7 @@ PRESETS: dict[str, Config] = {
 
 # Logical axes of the ViT-only params; the block names shared with the decoder (attn/q, mlp/up, norms) are
 # registered by jaxlab.models.transformer. The patch kernel keeps the convolution layout [D, C, p, p] (its fan-in
-# spans three axes, so none is registered); singleton leading dims of the DINOv2-format tables are named "layers".
+# spans three axes, so none is registered); the singleton leading dims of `unit_dims` tables are named "layers".
 for _pat, _names, _fan_in in [
     (r"patch_embed/kernel", ("embed", "patch", "patch", "patch"), None),
     (r"patch_embed/bias", ("embed",), None),
@@ -171,7 +168,7 @@ def init(cfg: Config, key) -> dict:
   lin = lambda i, o, bias, stack=(L,): layers.linear_init(next(ks), i, o, bias=bias, std=std, dtype=dt,
                                                           stack=stack)
   ln = lambda stack=(L,): layers.norm_init(d, bias=True, dtype=dt, stack=stack)
-  dino = cfg.hf_format == "dinov2"
+  unit = cfg.unit_dims
   pe = {"kernel": layers.normal(next(ks), (d, cfg.channels, cfg.patch_size, cfg.patch_size), std, dt)}
   if cfg.patch_bias:
     pe["bias"] = jnp.zeros((d,), dt)
@@ -182,10 +179,10 @@ def init(cfg: Config, key) -> dict:
     block["attn_layer_scale"] = jnp.full((L, d), cfg.layer_scale_init, dt)
     block["mlp_layer_scale"] = jnp.full((L, d), cfg.layer_scale_init, dt)
   params = {"patch_embed": pe, "layers": block,
-            "pos_embed": layers.normal(next(ks), ((1,) if dino else ()) + (cfg.seq_len - cfg.n_registers, d),
+            "pos_embed": layers.normal(next(ks), ((1,) if unit else ()) + (cfg.seq_len - cfg.n_registers, d),
                                        std, dt)}
   if cfg.cls_token:
-    params["cls_token"] = layers.normal(next(ks), (1, 1, d) if dino else (d,), std, dt)
+    params["cls_token"] = layers.normal(next(ks), (1, 1, d) if unit else (d,), std, dt)
   if cfg.n_registers:
     params["register_tokens"] = layers.normal(next(ks), (1, cfg.n_registers, d), std, dt)
   if cfg.mask_token:
@@ -271,17 +268,19 @@ def _map_head(p, x_BSD, cfg: Config):
   return y[:, 0]
 
 
-def forward(params, pixels_BHWC, cfg: Config, *, capture_hidden_states: bool = False,
-            capture_attn_weights: bool = False, n_layers: int | None = None) -> Output:
+def forward(params, pixels_BHWC, cfg: Config, *, capture: Sequence[str] = (), n_layers: int | None = None) -> Output:
   """Encodes images.
 
   Args:
     pixels_BHWC: normalized images, channels last, of the config's image size.
-    capture_hidden_states: also return the embeddings and every block's output (HF `hidden_states`).
-    capture_attn_weights: also return every block's attention weights.
+    capture: any of "hidden_states" (the embeddings and every block's output, HF `hidden_states`) and
+      "attn_weights" (every block's attention weights).
     n_layers: run only the first `n_layers` blocks (e.g. when only an earlier layer's features are used);
       the final norm and pooling then apply to that block's output.
   """
+  unknown = set(capture) - set(CAPTURES)
+  if unknown:
+    raise ValueError(f"unknown capture {sorted(unknown)}; expected a subset of {CAPTURES}")
   n = cfg.n_layers if n_layers is None else n_layers
   if not 0 <= n <= cfg.n_layers:
     raise ValueError(f"n_layers must be in [0, {cfg.n_layers}], found {n_layers}")
@@ -290,17 +289,13 @@ def forward(params, pixels_BHWC, cfg: Config, *, capture_hidden_states: bool = F
 
   def body(x, p):
     x, w = _block(p, x, cfg)
-    ys = {}
-    if capture_hidden_states:
-      ys["h"] = x
-    if capture_attn_weights:
-      ys["w"] = w
-    return x, ys
+    ys = {"hidden_states": x, "attn_weights": w}
+    return x, {k: v for k, v in ys.items() if k in capture}
 
   if cfg.remat:
     body = jax.checkpoint(body, prevent_cse=False)
   x_last, ys = jax.lax.scan(body, x, lp)
-  hs = jnp.concatenate([x[None], ys["h"]], axis=0) if capture_hidden_states else None
+  hs = jnp.concatenate([x[None], ys["hidden_states"]], axis=0) if "hidden_states" in capture else None
   last = x_last
   if cfg.final_norm == "sequence":
     last = layers.layer_norm(params["final_norm"], x_last, cfg.norm_eps)
@@ -311,4 +306,4 @@ def forward(params, pixels_BHWC, cfg: Config, *, capture_hidden_states: bool = F
       pooled = layers.layer_norm(params["final_norm"], pooled, cfg.norm_eps)
   elif cfg.pool == "map":
     pooled = _map_head(params["head"], last, cfg)
-  return Output(last_hidden_state=last, pooled=pooled, hidden_states=hs, attn_weights=ys.get("w"))
+  return Output(last_hidden_state=last, pooled=pooled, hidden_states=hs, attn_weights=ys.get("attn_weights"))

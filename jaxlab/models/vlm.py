@@ -1,19 +1,17 @@
 """LLaVA-style vision-language model: vision encoder -> MLP connector -> decoder LM.
 
-Implements LLaVA (arXiv 2304.08485) with the LLaVA-1.5 connector (arXiv 2310.03744).
-
-The vision encoder (`jaxlab.models.vit`: CLIP, SigLIP or DINOv2) runs on the images; the hidden states of
-`feature_layers` (HF indexing: 0 = embeddings, -1 = last block; several are concatenated on the feature axis)
-have their first (class) token dropped with `feature_select="default"` or kept with "full", then a 2-layer GELU
-MLP maps them to the LM width. The token sequence already holds `tokens_per_image` copies of `image_token_id`
-per image; their embeddings are replaced by the image features in order (row-major over the batch, images in
-order), as transformers' LLaVA does. The LM is `jaxlab.models.transformer` run on the spliced embeddings, so
-captures and interventions work unchanged.
+Implements LLaVA (arXiv 2304.08485) with the LLaVA-1.5 connector (arXiv 2310.03744) as a configuration of
+`jaxlab.models.multimodal`: the encoder is its `VIT` (CLIP, SigLIP or DINOv2 hidden states of `feature_layers`,
+HF indexing, class token dropped with `feature_select="default"` or kept with "full"), the connector its 2-layer
+GELU MLP, and the image features are spliced at the `tokens_per_image` copies of `image_token_id` per image in
+order (row-major over the batch, images in order), as transformers' LLaVA does. The LM is
+`jaxlab.models.transformer` run on the spliced embeddings, so captures and interventions work unchanged.
 
 LatentLens (McGill-NLP/latentlens) trains only the connector, with encoder and LM frozen:
 `connector_only(tx)` wraps an optax optimizer so that only `params["connector"]` changes.
 
-Axes: B batch, T positions, N images, P image tokens per image, E vision width, D LM width, V vocab.
+Axes: B batch (of LM rows; of images for pixels and features), T positions, N image tokens per image,
+H/W/C image height, width, channels, E vision width, D LM width, V vocab.
 """
 from __future__ import annotations
 
@@ -25,9 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxlab.models import multimodal
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vit
-from jaxlab.nn import axes, layers
+from jaxlab.nn import layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,17 +43,8 @@ class Config:
   def __post_init__(self):
     def bad(msg):
       raise ValueError(f"vlm.Config: {msg}")
-    if isinstance(self.feature_layers, int):
-      object.__setattr__(self, "feature_layers", (self.feature_layers,))
-    object.__setattr__(self, "feature_layers", tuple(int(x) for x in self.feature_layers))
-    n = self.vision.n_layers
-    if not self.feature_layers or any(not -(n + 1) <= x <= n for x in self.feature_layers):
-      bad(f"feature_layers must be non-empty HF hidden-state indices in [{-(n + 1)}, {n}], found "
-          f"{self.feature_layers}")
-    if self.feature_select not in ("default", "full"):
-      bad(f"feature_select must be 'default' or 'full', found {self.feature_select!r}")
-    if self.feature_select == "default" and not self.vision.cls_token:
-      bad("feature_select='default' drops the class token, but the vision encoder has none; use 'full'")
+    features = multimodal.VitFeatures(self.vision, self.feature_layers, self.feature_select)  # validates them
+    object.__setattr__(self, "feature_layers", features.feature_layers)
     if not 0 <= self.image_token_id < self.text.vocab_size:
       bad(f"image_token_id must be in [0, {self.text.vocab_size}), found {self.image_token_id}")
     if self.connector_activation not in layers.ACTIVATIONS:
@@ -63,17 +53,26 @@ class Config:
       bad(f"connector_hidden must be positive, found {self.connector_hidden}")
 
   @property
+  def multimodal(self) -> multimodal.Config:
+    """This LLaVA as a `multimodal.Config` (its params are ours with "vision" named "encoder")."""
+    return multimodal.Config(
+        encoder=multimodal.VIT, encoder_cfg=multimodal.VitFeatures(self.vision, self.feature_layers,
+                                                                   self.feature_select),
+        text=self.text, mode="splice", placeholder_id=self.image_token_id, connector_hidden=self.connector_hidden,
+        connector_activation=self.connector_activation, connector_bias=self.connector_bias, modality="image")
+
+  @property
   def connector_dim(self) -> int:
     return self.connector_hidden or self.text.d_model
 
   @property
   def tokens_per_image(self) -> int:
-    return self.vision.seq_len - (1 if self.feature_select == "default" else 0)
+    return self.multimodal.tokens_per_input
 
   @property
   def vision_layers_used(self) -> int:
     """Blocks the encoder must run to produce every feature layer."""
-    return max(x % (self.vision.n_layers + 1) for x in self.feature_layers)
+    return self.multimodal.encoder_cfg.layers_used
 
   @property
   def param_dtype(self) -> str:
@@ -92,38 +91,19 @@ class Config:
     return dataclasses.replace(self, **kw)
 
 
-for _pat, _names, _fan_in in [
-    (r"connector/fc1/kernel", ("embed", "mlp"), "embed"),
-    (r"connector/fc1/bias", ("mlp",), None),
-    (r"connector/fc2/kernel", ("mlp", "embed"), "mlp"),
-    (r"connector/fc2/bias", ("embed",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+def _as_multimodal(params) -> dict:
+  return {"encoder": params["vision"], "connector": params["connector"], "lm": params["lm"]}
 
 
 def init(cfg: Config, key) -> dict:
   """{"vision": vit params, "connector": {"fc1", "fc2"}, "lm": transformer params}."""
-  kv, kc1, kc2, kl = jax.random.split(key, 4)
-  dt = jnp.dtype(cfg.param_dtype)
-  e = cfg.vision.d_model * len(cfg.feature_layers)
-  lin = lambda k, i, o: layers.linear_init(k, i, o, bias=cfg.connector_bias, std=cfg.text.init_std, dtype=dt)
-  return {"vision": vit.init(cfg.vision, kv),
-          "connector": {"fc1": lin(kc1, e, cfg.connector_dim), "fc2": lin(kc2, cfg.connector_dim, cfg.text.d_model)},
-          "lm": tfm.init(cfg.text, kl)}
+  p = multimodal.init(cfg.multimodal, key)
+  return {"vision": p["encoder"], "connector": p["connector"], "lm": p["lm"]}
 
 
-def encode_images(params, pixels_NHWC, cfg: Config):
-  """Image features in the LM's embedding space: [N, tokens_per_image, D]."""
-  out = vit.forward(params["vision"], pixels_NHWC, cfg.vision, capture_hidden_states=True,
-                    n_layers=cfg.vision_layers_used)
-  n_hs = cfg.vision.n_layers + 1
-  feats = [out.hidden_states[x % n_hs] for x in cfg.feature_layers]
-  if cfg.feature_select == "default":
-    feats = [f[:, 1:] for f in feats]
-  f = jnp.concatenate(feats, axis=-1)
-  dt = jnp.dtype(cfg.text.dtype)
-  h = layers.ACTIVATIONS[cfg.connector_activation](layers.linear(params["connector"]["fc1"], f, dt))
-  return layers.linear(params["connector"]["fc2"], h, dt)
+def encode_images(params, pixels_BHWC, cfg: Config):
+  """Image features in the LM's embedding space: [B, tokens_per_image, D]."""
+  return multimodal.encode(_as_multimodal(params), pixels_BHWC, cfg.multimodal)
 
 
 def image_mask(tokens_BT, cfg: Config):
@@ -131,48 +111,33 @@ def image_mask(tokens_BT, cfg: Config):
   return jnp.asarray(tokens_BT) == cfg.image_token_id
 
 
-def splice(embeds_BTD, mask_BT, features_NPD):
-  """Replaces the masked positions' embeddings by the features, in row-major order (transformers' masked_scatter)."""
-  flat = features_NPD.reshape(-1, features_NPD.shape[-1]).astype(embeds_BTD.dtype)
-  idx = jnp.cumsum(mask_BT.reshape(-1)) - 1
-  picked = jnp.take(flat, jnp.clip(idx, 0, flat.shape[0] - 1), axis=0).reshape(embeds_BTD.shape)
-  return jnp.where(mask_BT[..., None], picked, embeds_BTD)
+splice = multimodal.scatter  # splice(embeds_BTD, mask_BT, features_BND): masked positions get the features
 
 
 class Output(NamedTuple):
   lm: tfm.Output  # the decoder's output: logits and whatever `capture` asked for
   image_mask_BT: Any  # [B, T] bool: positions holding image features
-  image_features: Any = None  # [N, P, D] connector outputs (None without images)
+  image_features: Any = None  # [B, N, D] connector outputs, B images (None without images)
 
   @property
   def logits(self):
     return self.lm.logits
 
 
-def forward(params, tokens_BT, pixels_NHWC, cfg: Config, *, attention_mask_BT=None, positions_BT=None,
+def forward(params, tokens_BT, pixels_BHWC, cfg: Config, *, attention_mask_BT=None, positions_BT=None,
             capture: Sequence[str] = (), intervention: tfm.Intervention | None = None,
             program: Sequence[int] | None = None) -> Output:
   """Runs the VLM.
 
   Args:
     tokens_BT: token ids with `tokens_per_image` image tokens per image (all images of row 0 first, then row 1).
-    pixels_NHWC: the images, channels last, or None for text only.
+    pixels_BHWC: the images, channels last, or None for text only.
     attention_mask_BT, positions_BT, capture, intervention, program: as in `transformer.forward`.
   """
-  tokens_BT = jnp.asarray(tokens_BT)
-  mask = image_mask(tokens_BT, cfg)
-  x = layers.embed(params["lm"]["embed"], tokens_BT, jnp.dtype(cfg.text.dtype))
-  feats = None
-  if pixels_NHWC is not None:
-    n = pixels_NHWC.shape[0]
-    if not isinstance(mask, jax.core.Tracer) and int(mask.sum()) != n * cfg.tokens_per_image:
-      raise ValueError(f"{n} images need {n * cfg.tokens_per_image} image tokens ({cfg.tokens_per_image} each, id "
-                       f"{cfg.image_token_id}); the tokens hold {int(mask.sum())}")
-    feats = encode_images(params, pixels_NHWC, cfg)
-    x = splice(x, mask, feats)
-  out = tfm.forward(params["lm"], tokens_BT, cfg.text, inputs_embeds_BTD=x, attention_mask_BT=attention_mask_BT,
-                    positions_BT=positions_BT, capture=capture, intervention=intervention, program=program)
-  return Output(lm=out, image_mask_BT=mask, image_features=feats)
+  out = multimodal.forward(_as_multimodal(params), tokens_BT, pixels_BHWC, cfg.multimodal,
+                           attention_mask_BT=attention_mask_BT, positions_BT=positions_BT, capture=capture,
+                           intervention=intervention, program=program)
+  return Output(lm=out.lm, image_mask_BT=out.feature_mask_BT, image_features=out.features)
 
 
 def image_positions(tokens_BT, cfg: Config) -> list[np.ndarray]:

@@ -60,7 +60,7 @@ def _gelu(x):
 
 def test_image_features_are_connector_of_penultimate_patch_states(params):
   _, px = make_batch()
-  run = jax.jit(lambda p, x: vit.forward(p, x, CFG.vision, capture_hidden_states=True).hidden_states)
+  run = jax.jit(lambda p, x: vit.forward(p, x, CFG.vision, capture=("hidden_states",)).hidden_states)
   hs = run(params["vision"], px)
   f = np.asarray(hs[-2][:, 1:], np.float64)  # feature layer -2, class token dropped
   c = jax.tree.map(lambda a: np.asarray(a, np.float64), params["connector"])

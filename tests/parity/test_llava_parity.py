@@ -81,7 +81,7 @@ def llava(tmp_path_factory):
 
 def test_config(llava):
   _, _, cfg, params = llava
-  assert cfg.vision.hf_format == "clip" and cfg.vision.n_layers == 2 and cfg.text.d_model == 64
+  assert hf.vision.layout(cfg.vision) == "clip" and cfg.vision.n_layers == 2 and cfg.text.d_model == 64
   assert (cfg.image_token_id, cfg.feature_layers, cfg.feature_select) == (IMG, (-2,), "default")
   assert cfg.tokens_per_image == 16 and cfg.vision_layers_used == 1
   assert params["connector"]["fc1"]["kernel"].shape == (32, 64)

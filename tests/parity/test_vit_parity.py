@@ -31,7 +31,8 @@ HF_MODELS = {
 }
 
 
-forward = jax.jit(vit.forward, static_argnames=("cfg", "capture_hidden_states", "capture_attn_weights", "n_layers"))
+forward = jax.jit(vit.forward, static_argnames=("cfg", "capture", "n_layers"))
+BOTH = ("hidden_states", "attn_weights")
 
 
 def random_params(cfg, scale=1.0, seed=0):
@@ -93,7 +94,7 @@ def _check(out, ref, cfg):
 def test_config_carries_family_features(fam):
   c, n = fam.cfg, fam.name
   assert (c.d_model, c.n_layers, c.n_heads, c.d_ff) == (32, 2, 4, 64 if n.startswith("dinov2") else 48)
-  assert c.hf_format == n.split("_")[0]
+  assert hf.vision.layout(c) == n.split("_")[0]
   assert c.cls_token == (not n.startswith("siglip"))
   assert c.pre_norm == (n == "clip") and c.layer_scale == n.startswith("dinov2")
   assert c.pool == {"clip": "cls", "siglip": "map", "siglip_nohead": "none"}.get(n, "cls")
@@ -103,7 +104,7 @@ def test_config_carries_family_features(fam):
 
 def test_outputs_match_hf(fam):
   px = pixels(2, fam.cfg.image_size, seed=1)
-  out = forward(fam.params, px, cfg=fam.cfg, capture_hidden_states=True, capture_attn_weights=True)
+  out = forward(fam.params, px, cfg=fam.cfg, capture=BOTH)
   _check(out, hf_run(fam.model, px), fam.cfg)
 
 
@@ -136,10 +137,10 @@ def test_full_clip_and_siglip_checkpoints_load_as_vision_tower(kind, tmp_path):
   randomize_(model, 5).eval()
   model.save_pretrained(str(tmp_path))
   cfg, params = hf.load(str(tmp_path))
-  assert cfg.hf_format == kind
+  assert hf.vision.layout(cfg) == kind
   model.vision_model.config._attn_implementation = "eager"
   px = pixels(2, 16, seed=4)
-  out = forward(params, px, cfg=cfg, capture_hidden_states=True, capture_attn_weights=True)
+  out = forward(params, px, cfg=cfg, capture=BOTH)
   _check(out, hf_run(model.vision_model, px), cfg)
 
 
@@ -147,8 +148,8 @@ def test_truncated_forward_equals_hidden_state():
   cfg = vit.Config.tiny("dinov2", n_layers=3)
   params = random_params(cfg, scale=0.2)
   px = pixels(2, cfg.image_size)
-  full = forward(params, px, cfg=cfg, capture_hidden_states=True)
-  part = forward(params, px, cfg=cfg, capture_hidden_states=True, n_layers=1)
+  full = forward(params, px, cfg=cfg, capture=("hidden_states",))
+  part = forward(params, px, cfg=cfg, capture=("hidden_states",), n_layers=1)
   np.testing.assert_allclose(np.asarray(part.hidden_states), np.asarray(full.hidden_states[:2]), atol=1e-6)
   assert not np.allclose(np.asarray(full.hidden_states[1]), np.asarray(full.hidden_states[2]), atol=1e-3)
   with pytest.raises(ValueError, match="n_layers"):
