@@ -14,7 +14,8 @@ LLaDA checkpoints (GSAI-ML/LLaDA-8B-*, modeling_llada.py, LLaDALlamaBlock) name 
 and their config.json uses the OLMo-style keys (d_model, n_heads, mlp_hidden_size, rope_theta, ...). Only the
 "llama" block with RMSNorm and rotary embeddings is supported; other settings are rejected by name.
 Dream checkpoints are Qwen2 tensors (`jaxlab.hf.decoder`) with model_type "Dream", bidirectional attention
-and the shifted logits of `mdm.Config.shift_logits`.
+and the shifted logits of `mdm.Config.shift_logits`. The layout follows from the config (`layout`): shifted
+logits are Dream's, unshifted LLaDA's.
 """
 from __future__ import annotations
 
@@ -33,6 +34,11 @@ LLADA_DEFAULTS = dict(d_model=768, n_heads=12, n_kv_heads=None, n_layers=12, mlp
                       eos_token_id=50256, pad_token_id=50256, mask_token_id=50256, init_std=0.02,
                       multi_query_attention=None)
 _ACTS = {"silu": "silu", "gelu": "gelu", "relu": "relu"}
+
+
+def layout(cfg: mdm.Config) -> str:
+  """The checkpoint layout `cfg` is saved in: "dream" (Qwen2 names, shifted logits) or "llada"."""
+  return "dream" if cfg.shift_logits else "llada"
 
 
 def _llada_config(d: dict) -> mdm.Config:
@@ -61,14 +67,13 @@ def _llada_config(d: dict) -> mdm.Config:
       qkv_bias=bool(c["include_bias"] or c["include_qkv_bias"]), o_bias=bool(c["include_bias"]),
       mlp_bias=bool(c["include_bias"]), tie_embeddings=bool(c["weight_tying"]), init_std=c["init_std"],
       bos_token_id=d.get("bos_token_id"), eos_token_id=c["eos_token_id"], pad_token_id=c["pad_token_id"],
-      mask_token_id=c["mask_token_id"], hf_format="llada",
+      mask_token_id=c["mask_token_id"],
       text_vocab_size=c["vocab_size"] if c["vocab_size"] != emb else None)
 
 
 def _dream_config(d: dict) -> mdm.Config:
   base = decoder.config_from_hf({**d, "model_type": "qwen2"})
-  return mdm.Config.from_transformer(base, mask_token_id=d.get("mask_token_id", 151666), shift_logits=True,
-                                     hf_format="dream")
+  return mdm.Config.from_transformer(base, mask_token_id=d.get("mask_token_id", 151666), shift_logits=True)
 
 
 def config_from_hf(d: dict) -> mdm.Config:
@@ -92,18 +97,14 @@ def _check_llada(cfg: mdm.Config):
 
 
 def config_to_hf(cfg: mdm.Config) -> dict:
-  if cfg.hf_format == "dream":
+  if layout(cfg) == "dream":
     d = decoder.config_to_hf(cfg.transformer().replace(causal=True))
     if d["model_type"] != "qwen2":
       raise ValueError(f"a Dream checkpoint is a Qwen2 layout (q/k/v biases only); this config maps to "
                        f"{d['model_type']}")
-    if not cfg.shift_logits:
-      raise ValueError("Dream checkpoints use shifted logits; found shift_logits=False")
     d.update(model_type="Dream", architectures=["DreamModel"], mask_token_id=cfg.mask_token_id, use_cache=False)
     return d
   _check_llada(cfg)
-  if cfg.shift_logits:
-    raise ValueError("LLaDA checkpoints do not shift logits; found shift_logits=True")
   return {
       "architectures": ["LLaDAModelLM"], "model_type": "llada", "block_type": "llama", "layer_norm_type": "rms",
       "rope": True, "alibi": False, "rope_full_precision": True, "flash_attention": False,
@@ -121,7 +122,7 @@ def config_to_hf(cfg: mdm.Config) -> dict:
 
 
 def tensors(cfg: mdm.Config) -> list[Tensor]:
-  if cfg.hf_format == "dream":
+  if layout(cfg) == "dream":
     return decoder.tensors(cfg)
   T, B = "model.transformer.", "model.transformer.blocks.{i}."
   out = [Tensor(T + "wte.weight", ("embed", "embedding")), Tensor(T + "ln_f.weight", ("final_norm", "scale")),
@@ -142,7 +143,7 @@ def tensors(cfg: mdm.Config) -> list[Tensor]:
 def _redundant(cfg: mdm.Config) -> tuple[str, ...]:
   if not cfg.tie_embeddings:
     return ()
-  return ("lm_head.weight",) if cfg.hf_format == "dream" else ("model.transformer.ff_out.weight",)
+  return ("lm_head.weight",) if layout(cfg) == "dream" else ("model.transformer.ff_out.weight",)
 
 
 FAMILY = Family(model_types=("llada", "Dream"), config_cls=mdm.Config, config_from_hf=config_from_hf,

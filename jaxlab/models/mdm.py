@@ -51,14 +51,12 @@ class Config(tfm.Config):
 
   mask_token_id: id of [MASK] (must be < vocab_size).
   shift_logits: Dream's convention (see module docstring); False for LLaDA.
-  hf_format: checkpoint layout written by `hf.save`: "llada" (LLaDA names) or "dream" (Qwen2 names).
   text_vocab_size: LLaDA's `vocab_size` when it is smaller than its embedding rows (`embedding_size`);
     None = vocab_size.
   """
   causal: bool = False
   mask_token_id: int = -1
   shift_logits: bool = False
-  hf_format: str = "llada"
   text_vocab_size: int | None = None
 
   def __post_init__(self):
@@ -67,8 +65,6 @@ class Config(tfm.Config):
       raise ValueError("mdm.Config: a masked diffusion LM is bidirectional; found causal=True")
     if not 0 <= self.mask_token_id < self.vocab_size:
       raise ValueError(f"mdm.Config: mask_token_id must be in [0, {self.vocab_size}), found {self.mask_token_id}")
-    if self.hf_format not in ("llada", "dream"):
-      raise ValueError(f"mdm.Config: hf_format must be 'llada' or 'dream', found {self.hf_format!r}")
     if self.text_vocab_size is not None and not 0 < self.text_vocab_size <= self.vocab_size:
       raise ValueError(f"mdm.Config: text_vocab_size must be in (0, {self.vocab_size}], found {self.text_vocab_size}")
 
@@ -106,7 +102,7 @@ PRESETS: dict[str, Config] = {
     "dream-7b": Config(vocab_size=152064, d_model=3584, n_layers=28, n_heads=28, n_kv_heads=4, d_ff=18944,
                        max_position_embeddings=131072, rope=Rope(theta=1000000.0), norm_eps=1e-6, qkv_bias=True,
                        mask_token_id=151666, eos_token_id=151643, pad_token_id=151643, bos_token_id=151643,
-                       shift_logits=True, hf_format="dream"),
+                       shift_logits=True),
 }
 
 

@@ -86,7 +86,7 @@ def test_config_validation_and_presets():
     mdm.Config.tiny(causal=True)
   with pytest.raises(ValueError, match="mask_token_id"):
     mdm.Config.tiny(mask_token_id=64)
-  with pytest.raises(ValueError, match="hf_format"):
+  with pytest.raises(TypeError, match="hf_format"):  # the checkpoint layout is jaxlab.hf.llada's, not a field
     mdm.Config.tiny(hf_format="gpt")
   c = mdm.PRESETS["llada-8b"]
   assert (c.mask_token_id, c.vocab_size, c.d_ff, c.rope.theta, c.causal) == (126336, 126464, 12288, 5e5, False)

@@ -296,7 +296,7 @@ def test_dream_format_matches_qwen2_bidirectional_with_shift(tmp_path):
   with open(os.path.join(src, "config.json"), "w") as f:
     json.dump(d, f)
   cfg, params = hf.load(src)
-  assert cfg.shift_logits and not cfg.causal and cfg.qkv_bias and cfg.hf_format == "dream"
+  assert cfg.shift_logits and not cfg.causal and cfg.qkv_bias and llada.layout(cfg) == "dream"
   toks = np.random.RandomState(0).randint(0, 128, (2, 9))
   with torch.no_grad():  # a 4D float mask of zeros = full (bidirectional) attention in eager attention
     raw = model(torch.as_tensor(toks), attention_mask=torch.zeros(2, 1, 9, 9), use_cache=False).logits.numpy()
