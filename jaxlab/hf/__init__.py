@@ -2,8 +2,8 @@
 
 `load(path)` reads a transformers-format directory (single or sharded safetensors, fp32/bf16/fp16), or a
 llama.cpp `.gguf` file (jaxlab.hf.gguf), and returns (config, params) of the matching jaxlab family;
-`save(path, cfg, params)` writes a directory that transformers' `from_pretrained` loads. Families register with
-`register` (the registry lives in jaxlab.hf.family).
+`save(path, cfg, params)` writes a directory that transformers' `from_pretrained` loads. `FAMILIES` is the
+registry: every family load and save know, in lookup order (the last match wins; `jaxlab.hf.family`).
 """
 from __future__ import annotations
 
@@ -12,8 +12,15 @@ import os
 
 import numpy as np
 
-from jaxlab.hf import family as _family, io
-from jaxlab.hf.family import Family, Tensor, family_of, register
+from jaxlab.hf import decoder, encoder, family as _family, io, llada, vision
+from jaxlab.hf.family import Family, Tensor
+
+FAMILIES: tuple[Family, ...] = (decoder.FAMILY, *vision.FAMILIES, llada.FAMILY, encoder.FAMILY)
+
+
+def family_of(cfg) -> Family:
+  """The family of FAMILIES that saves `cfg`'s config class."""
+  return _family.family_of(cfg, FAMILIES)
 
 
 def read_config(path: str) -> dict:
@@ -35,7 +42,7 @@ def load(path: str, dtype=None):
   d = read_config(path)
   if "model_type" not in d:
     raise ValueError(f"{path}/config.json has no model_type")
-  fam = _family.by_model_type(d["model_type"])
+  fam = _family.by_model_type(d["model_type"], FAMILIES).for_checkpoint(d)
   cfg = fam.config_from_hf(d)
   tensors = io.read_dir(path)
   _family.check(fam, cfg, tensors, path)
@@ -64,16 +71,3 @@ def save(path: str, cfg, params, dtype=None, max_shard_bytes: int = 5 * 2**30, o
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(d, f, indent=2)
 
-
-from jaxlab.hf import decoder as _decoder  # noqa: E402
-
-register(_decoder.FAMILY)
-from jaxlab.hf import vision as _vision  # noqa: E402
-
-for _fam in _vision.FAMILIES:
-  register(_fam)
-from jaxlab.hf import llada as _llada  # noqa: E402
-from jaxlab.hf import encoder as _encoder  # noqa: E402
-
-register(_llada.FAMILY)
-register(_encoder.FAMILY)

@@ -1,7 +1,7 @@
 """HF <-> jaxlab for BERT-family encoders (model_type "bert": BERT, MiniLM, all-MiniLM-L6-v2).
 
 Loads `BertModel` checkpoints (`embeddings.*`, `encoder.layer.{i}.*`) and the encoder of `BertFor*` checkpoints
-(the same names under `bert.`, chosen from config.json's `architectures`). Pooler and task-head weights
+(the same names under `bert.`, `key_prefix` of config.json's `architectures`). Pooler and task-head weights
 (`pooler.*`, `cls.*`, classifiers) are ignored; `save` writes a `BertModel` without a pooler (transformers then
 initializes a pooler of its own, which `last_hidden_state` never uses). Keys a config.json leaves out take the
 transformers `BertConfig` defaults.
@@ -22,6 +22,11 @@ _ACT_TO_HF = {"gelu_tanh": "gelu_pytorch_tanh"}
 _HEADS = ("pooler.", "cls.", "classifier.", "qa_outputs.", "position_ids")
 
 
+def key_prefix(d: dict) -> str:
+  """The prefix of the encoder's tensor names in the checkpoint config.json `d` describes: "" or "bert."."""
+  return "" if (d.get("architectures") or ["BertModel"])[0] == "BertModel" else "bert."
+
+
 def config_from_hf(d: dict) -> encoder.Config:
   c = {**BERT_DEFAULTS, **{k: v for k, v in d.items() if v is not None or k == "pad_token_id"}}
   if c["position_embedding_type"] != "absolute":
@@ -33,19 +38,16 @@ def config_from_hf(d: dict) -> encoder.Config:
   act = c["hidden_act"]
   if act not in _ACT_FROM_HF:
     raise NotImplementedError(f"bert: hidden_act {act!r} is not supported; expected one of {sorted(_ACT_FROM_HF)}")
-  arch = (c.get("architectures") or ["BertModel"])[0]
   return encoder.Config(
       vocab_size=c["vocab_size"], d_model=c["hidden_size"], n_layers=c["num_hidden_layers"],
       n_heads=c["num_attention_heads"], d_ff=c["intermediate_size"],
       max_position_embeddings=c["max_position_embeddings"], type_vocab_size=c["type_vocab_size"],
       activation=_ACT_FROM_HF[act], norm_eps=c["layer_norm_eps"], pad_token_id=c["pad_token_id"],
-      init_std=c["initializer_range"], hf_prefix="" if arch == "BertModel" else "bert.")
+      init_std=c["initializer_range"])
 
 
 def config_to_hf(cfg: encoder.Config) -> dict:
-  # A "bert."-prefixed layout is saved as a BertForMaskedLM without its head (transformers initializes it).
-  arch = "BertModel" if cfg.hf_prefix == "" else "BertForMaskedLM"
-  return {"architectures": [arch], "model_type": "bert", "vocab_size": cfg.vocab_size,
+  return {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": cfg.vocab_size,
           "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
           "intermediate_size": cfg.d_ff, "hidden_act": _ACT_TO_HF.get(cfg.activation, cfg.activation),
           "max_position_embeddings": cfg.max_position_embeddings, "type_vocab_size": cfg.type_vocab_size,
@@ -55,8 +57,8 @@ def config_to_hf(cfg: encoder.Config) -> dict:
 
 
 def tensors(cfg: encoder.Config) -> list[Tensor]:
-  pre = cfg.hf_prefix
-  T = lambda hf, path, tr=False: Tensor(pre + hf, path, tr)
+  """The `BertModel` names (a `BertFor*` checkpoint holds them under `key_prefix`)."""
+  T = lambda hf, path, tr=False: Tensor(hf, path, tr)
   lin = lambda hf, path: [T(hf + ".weight", path + ("kernel",), True), T(hf + ".bias", path + ("bias",))]
   ln = lambda hf, path: [T(hf + ".weight", path + ("scale",)), T(hf + ".bias", path + ("bias",))]
   E, L = "embeddings.", "encoder.layer.{i}."
@@ -74,4 +76,4 @@ def tensors(cfg: encoder.Config) -> list[Tensor]:
 
 FAMILY = Family(model_types=("bert",), config_cls=encoder.Config, config_from_hf=config_from_hf,
                 config_to_hf=config_to_hf, tensors=tensors, init=encoder.init, n_layers=lambda c: c.n_layers,
-                ignore=_HEADS)
+                ignore=_HEADS, key_prefix=key_prefix)

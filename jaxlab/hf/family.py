@@ -1,10 +1,10 @@
-"""A model family's bridge to Hugging Face checkpoints: config translation plus a tensor name map; the registry.
+"""A model family's bridge to Hugging Face checkpoints: config translation plus a tensor name map, and lookups.
 
 Each family lists its tensors as `Tensor(hf_name, param_path, transpose)`; names containing "{i}" are per
 layer and stack onto the leading `layers` axis of the jaxlab param. Loading checks every name and shape
 before building anything, so a bad checkpoint fails with the tensor, the expected and the found shape.
-Families are registered here (`register`) and looked up by HF `model_type` or by jaxlab config class; the
-latest registration wins.
+The registry is the explicit tuple `jaxlab.hf.FAMILIES`; `by_model_type` and `family_of` search such a tuple,
+the last match winning.
 """
 from __future__ import annotations
 
@@ -36,28 +36,31 @@ class Family:
   n_layers: Callable[[Any], int]
   ignore: tuple[str, ...] = ("rotary_emb.inv_freq",)  # substrings of checkpoint names that carry no params
   redundant: Callable[[Any], tuple[str, ...]] = lambda cfg: ()  # names allowed but unused (tied copies)
+  # Prefix of every tensor name in the checkpoint a config.json dict describes (e.g. "bert." for BertFor*);
+  # `save` writes the family's own names, without one.
+  key_prefix: Callable[[dict], str] = lambda d: ""
+
+  def for_checkpoint(self, d: dict) -> "Family":
+    """The family reading the checkpoint whose config.json is `d` (its tensor names under `key_prefix(d)`)."""
+    pre = self.key_prefix(d)
+    if not pre:
+      return self
+    return dataclasses.replace(self, tensors=lambda cfg: [dataclasses.replace(t, hf=pre + t.hf)
+                                                          for t in self.tensors(cfg)])
 
 
-FAMILIES: list[Family] = []
-
-
-def register(fam: Family) -> None:
-  """Adds `fam` to the registry (`jaxlab.hf.register` is this function)."""
-  FAMILIES.append(fam)
-
-
-def by_model_type(mt: str) -> Family:
-  """The latest registered family that reads config.json's `model_type` `mt`."""
-  for fam in reversed(FAMILIES):
+def by_model_type(mt: str, families) -> Family:
+  """The last family of `families` that reads config.json's `model_type` `mt`."""
+  for fam in reversed(families):
     if mt in fam.model_types:
       return fam
-  known = sorted(t for f in FAMILIES for t in f.model_types)
+  known = sorted(t for f in families for t in f.model_types)
   raise ValueError(f"unknown architecture: model_type {mt!r}; jaxlab loads {known}")
 
 
-def family_of(cfg) -> Family:
-  """The registered family whose config class `cfg` is."""
-  for fam in reversed(FAMILIES):
+def family_of(cfg, families) -> Family:
+  """The last family of `families` whose config class `cfg` is."""
+  for fam in reversed(families):
     if isinstance(cfg, fam.config_cls):
       return fam
   raise TypeError(f"no Hugging Face family for config type {type(cfg).__name__}")

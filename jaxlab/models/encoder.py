@@ -25,7 +25,6 @@ from jaxlab.nn import axes, layers
 
 CAPTURES = ("hidden_states", "attn_weights")
 POOLINGS = ("mean", "cls")
-HF_PREFIXES = ("", "bert.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +43,6 @@ class Config:
   param_dtype: str = "float32"
   dtype: str = "float32"  # compute dtype
   remat: bool = False
-  # Checkpoint layout `jaxlab.hf` reads and writes: "" (BertModel) or "bert." (the encoder of a BertFor* model,
-  # whose task heads are not loaded). The params are the same either way.
-  hf_prefix: str = ""
 
   def __post_init__(self):
     def bad(msg):
@@ -63,11 +59,7 @@ class Config:
       bad(f"norm_eps must be positive, found {self.norm_eps}")
     if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
       bad(f"pad_token_id must be in [0, {self.vocab_size}) or None, found {self.pad_token_id}")
-    if self.hf_prefix not in HF_PREFIXES:
-      bad(f"hf_prefix must be one of {HF_PREFIXES}, found {self.hf_prefix!r}")
-    for name in ("param_dtype", "dtype"):
-      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
-        bad(f"{name} must be float32, bfloat16 or float16, found {getattr(self, name)!r}")
+    layers.check_dtype_names(self, bad)
 
   @property
   def kdim(self) -> int:

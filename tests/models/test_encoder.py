@@ -157,12 +157,16 @@ def test_embed_texts_equals_unpadded_rows(params, word_tokenizer):
     (dict(activation="swish"), "activation must be one of"),
     (dict(d_model=0), "d_model must be a positive int, found 0"),
     (dict(pad_token_id=999), "pad_token_id must be in \\[0, 128\\)"),
-    (dict(hf_prefix="roberta."), "hf_prefix must be one of"),
     (dict(dtype="int8"), "dtype must be float32, bfloat16 or float16, found 'int8'"),
 ])
 def test_bad_config(kw, match):
   with pytest.raises(ValueError, match=match):
     CFG.replace(**kw)
+
+
+def test_checkpoint_prefix_is_not_a_config_field():
+  with pytest.raises(TypeError, match="hf_prefix"):  # jaxlab.hf.encoder.key_prefix reads it from config.json
+    CFG.replace(hf_prefix="roberta.")
 
 
 def test_bad_inputs(params, word_tokenizer):

@@ -68,10 +68,10 @@ def ckpt(request, tmp_path_factory):
 
 
 def test_config_translation(ckpt):
-  assert ckpt.cfg.hf_prefix == ("" if ckpt.arch == "BertModel" else "bert.")
+  assert hf.encoder.key_prefix(hf.read_config(ckpt.path)) == ("" if ckpt.arch == "BertModel" else "bert.")
   names = io.read_dir(ckpt.path)
   assert any(n.startswith("bert.") for n in names) == (ckpt.arch != "BertModel")
-  assert ckpt.cfg.replace(hf_prefix="") == encoder.Config(
+  assert ckpt.cfg == encoder.Config(
       vocab_size=99, d_model=64, n_layers=3, n_heads=4, d_ff=96, max_position_embeddings=40, type_vocab_size=3)
 
 
