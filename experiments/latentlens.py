@@ -142,7 +142,7 @@ def chance(scenes: scenes_lib.Scenes, n_words: int, k: int) -> float:
 
 # ------------------------------------------------------------------------------------------ evaluation
 
-def visual_states(params, cfg: vlm.Config, tokens_T: Sequence[int], pixels_NHWC, batch: int) -> np.ndarray:
+def visual_states(params, cfg: vlm.Config, tokens_T: Sequence[int], pixels_BHWC, batch: int) -> np.ndarray:
   """Hidden states of the visual tokens at every LM layer (HF convention): [L+1, N, P, D] float32."""
   tokens_T = np.asarray(tokens_T, np.int32)
   pos = np.flatnonzero(tokens_T == cfg.image_token_id)
@@ -153,8 +153,8 @@ def visual_states(params, cfg: vlm.Config, tokens_T: Sequence[int], pixels_NHWC,
     return vlm.forward(params, toks, pix, cfg, capture=("hidden_states",)).lm.hidden_states[:, :, pos]
 
   out = []
-  for i in range(0, len(pixels_NHWC), batch):
-    chunk = np.asarray(pixels_NHWC[i:i + batch], np.float32)
+  for i in range(0, len(pixels_BHWC), batch):
+    chunk = np.asarray(pixels_BHWC[i:i + batch], np.float32)
     n = len(chunk)
     if n < batch:  # one compiled shape
       chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - n, 0)])
