@@ -1,0 +1,1 @@
+"""Multi-turn environments for agents: the protocol (`base`) and the gyms (`function`)."""
