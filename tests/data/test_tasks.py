@@ -166,3 +166,24 @@ def test_spec_validation():
     arithmetic.Arithmetic(label_by="size")
   with pytest.raises(ValueError, match="steps"):
     arithmetic.Arithmetic(steps=0)
+
+
+def test_step_labels_follow_an_independent_check_of_each_step():
+  spec = arithmetic.Arithmetic(ops=("add", "sub", "mul"), steps=3, digits=2)
+  data = arithmetic.step_labelled(spec, 200, seed=4, error_rate=0.5)
+  wrong = 0
+  for ex in data:
+    cur = int(re.search(r"has (\d+)", ex.prompt).group(1))
+    ok = True
+    for step, label in zip(ex.steps, ex.labels):
+      a, op, b, c = re.fullmatch(r"(-?\d+)([+*-])(\d+)=(-?\d+)", step).groups()
+      true = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+      ok = ok and int(a) == cur and int(c) == true
+      assert label == int(ok), (ex, step)
+      cur = int(c)
+    assert ex.answer == str(cur) and len(ex.steps) == 3
+    wrong += not ok
+  assert 70 < wrong < 130
+  assert all(all(ex.labels) for ex in arithmetic.step_labelled(spec, 20, seed=4, error_rate=0.0))
+  with pytest.raises(ValueError, match="error_rate"):
+    arithmetic.step_labelled(spec, 2, error_rate=1.5)

@@ -209,6 +209,38 @@ def equation_problems(spec: Arithmetic, n: int, split: str = "test", seed: int =
   return out
 
 
+class StepLabelled(NamedTuple):
+  """A solution in steps with process labels: `labels[i]` is 1 while every step up to i is right, 0 from the
+  first wrong step on (later steps build on the wrong value); `answer` is the value the steps end in."""
+  prompt: str
+  steps: tuple[str, ...]
+  labels: tuple[int, ...]
+  answer: str
+
+
+def step_labelled(spec: Arithmetic, n: int, split: str = "train", seed: int = 0,
+                  error_rate: float = 0.5) -> list[StepLabelled]:
+  """n word problems with step solutions, an error injected into a `error_rate` share of them: one step's
+  result is off by 1 to 3 either way and the steps after it compute correctly from the wrong value (the PRM
+  training data of arXiv 2501.07301's step labels, made from `word_problems`' problems)."""
+  if not 0.0 <= error_rate <= 1.0:
+    raise ValueError(f"error_rate must be in [0, 1], found {error_rate}")
+  rng = np.random.default_rng(seed + 15485863)
+  out = []
+  for p in problems(spec, n, split, seed):
+    text = text_of(p, NAMES[rng.integers(len(NAMES))], ITEMS[rng.integers(len(ITEMS))])
+    wrong_at = int(rng.integers(spec.steps)) if rng.random() < error_rate else spec.steps
+    delta = int(rng.choice([-3, -2, -1, 1, 2, 3]))
+    steps, labels, cur = [], [], p.start
+    for i, (op, b) in enumerate(zip(p.ops, p.operands)):
+      c = compute(op, cur, b) + (delta if i == wrong_at else 0)
+      steps.append(f"{cur}{OPS[op]}{b}={c}")
+      labels.append(int(i < wrong_at))
+      cur = c
+    out.append(StepLabelled(f"Q: {text}\nA: ", tuple(steps), tuple(labels), str(cur)))
+  return out
+
+
 # ------------------------------------------------------------------------------------------ checking
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
