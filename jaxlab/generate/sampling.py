@@ -9,6 +9,12 @@ The prompt is prefilled in one forward pass; then one token per step is decoded 
 so a whole generation is a single compiled program, compiled once per (batch, prompt length, max_new_tokens)
 and sampling-mode shape. Decoding stops early once every row has emitted a stop token or reached its length cap.
 
+With the default transformer forward, the stacked layer params are split into one tree per layer once, before
+the prefill, and the layers are run as an unrolled loop with one KV-cache array per layer
+(`layer_list_forward`): inside the decode loop each matmul then reads its loop-invariant weight directly,
+where the layer scan's dynamic slice copied every layer's weights (and each cache slot) on every step before
+the dot (measured in `experiments/bench.py generate`; same ops per layer, so the same tokens).
+
 `weights="bf16" | "int8"` decodes with weight-only bf16 or int8 matmul kernels (`jaxlab.generate.quant`): the
 params are converted once per call, outside the compiled program (pass `quant.quantize(params, mode)` to
 convert once for many calls; already converted params are used as they are).
@@ -26,6 +32,7 @@ import numpy as np
 
 from jaxlab.generate import quant
 from jaxlab.models import transformer as tfm
+from jaxlab.nn import attention as attn_lib, layers, rope as rope_lib
 
 _TRACES = [0]  # incremented each time the generation program is traced (tests count recompilations)
 
@@ -89,12 +96,57 @@ def _choose(logits_BV, key, greedy, temperature, top_k, top_p):
   return jax.random.categorical(key, x, axis=-1).astype(jnp.int32)
 
 
+def split_layers(params):
+  """`params` with `layers` (stacked on a leading axis) as a tuple of per-layer trees (QKernels included)."""
+  n = jax.tree.leaves(params["layers"])[0].shape[0]
+  return {**params, "layers": tuple(jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(n))}
+
+
+def layer_list_cache(cfg: tfm.Config, batch: int, max_len: int):
+  """`transformer.init_cache` with k/v as tuples of per-layer [B, G, S, K] arrays."""
+  shape, dt = (batch, cfg.kv_heads, max_len, cfg.kdim), jnp.dtype(cfg.dtype)
+  zeros = tuple(jnp.zeros(shape, dt) for _ in range(cfg.n_layers))
+  return {"k": zeros, "v": zeros, "pos": jnp.full((batch, max_len), -1, jnp.int32), "index": jnp.zeros((), jnp.int32)}
+
+
+def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT, cache):
+  """`transformer.forward` with a KV cache over `split_layers` params and a `layer_list_cache`: the same
+  positions, masks, blocks and head, with the layers unrolled instead of scanned."""
+  dt = jnp.dtype(cfg.dtype)
+  x = layers.embed(params["embed"], tokens_BT, dt)
+  b, t = x.shape[:2]
+  valid_BT = attention_mask_BT.astype(bool)
+  index = cache["index"]
+  positions_BT = jnp.cumsum(valid_BT, axis=1) - 1 + jnp.max(cache["pos"], axis=1, keepdims=True) + 1
+  positions_BT = jnp.maximum(positions_BT, 0)
+  q_pos = jnp.where(valid_BT, positions_BT, -1)
+  k_pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], q_pos.astype(jnp.int32), index, axis=1)
+  mask = k_pos[:, None, :] >= 0
+  if cfg.causal:
+    mask &= attn_lib.causal_mask(positions_BT, k_pos, cfg.sliding_window)
+  elif cfg.sliding_window is not None:
+    mask &= jnp.abs(positions_BT[:, :, None] - k_pos[:, None, :]) < cfg.sliding_window
+  seq_len = jnp.max(k_pos) + 1 if cfg.rope.type == "dynamic" else None
+  cos, sin = rope_lib.cos_sin(cfg.rope, cfg.kdim, cfg.max_position_embeddings, positions_BT, seq_len)
+  ks, vs = [], []
+  for i, p in enumerate(params["layers"]):
+    slot = (cache["k"][i][None], cache["v"][i][None], 0)  # a one-slot [1, B, G, S, K] cache for this layer
+    x, _, _, _, (kc, vc) = tfm._block(p, x, cos, sin, mask, cfg, slot, index, i, None, None)
+    ks.append(kc[0])
+    vs.append(vc[0])
+  h = layers.rms_norm(params["final_norm"], x, cfg.norm_eps)
+  logits = layers.linear(params["lm_head"], h, dt) if "lm_head" in params else layers.unembed(params["embed"], h, dt)
+  return tfm.Output(logits=logits, cache={"k": tuple(ks), "v": tuple(vs), "pos": k_pos, "index": index + t})
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new", "greedy", "top_k", "use_top_p", "stop", "forward_fn",
-                                             "init_cache_fn", "return_logits",
-                                             "return_logprobs"))
+                                             "init_cache_fn", "return_logits", "return_logprobs",
+                                             "unrolled"))
 def _generate(params, prompt_BT, mask_BT, key, temperature, top_p, max_length, pad_id, *, cfg, max_new, greedy,
-              top_k, use_top_p, stop, forward_fn, init_cache_fn, return_logits, return_logprobs):
+              top_k, use_top_p, stop, forward_fn, init_cache_fn, return_logits, return_logprobs, unrolled):
   _TRACES[0] += 1
+  if unrolled:  # the per-layer copies are made once here, outside the decode loop
+    params = split_layers(params)
   b, t = prompt_BT.shape
   top_p = top_p if use_top_p else None
   stop_ids = jnp.asarray(stop if stop else (-1,), jnp.int32)
@@ -199,8 +251,10 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
     max_length: cap on a row's real prompt tokens plus generated tokens.
     pad_id: filler after a row stops and for padding list prompts; default `cfg.pad_token_id`, else 0.
     forward_fn: `fn(params, tokens_BT, cfg, attention_mask_BT=, cache=) -> obj with .logits, .cache`;
-      default `transformer.forward`. Any family with the same KV-cache protocol can be sampled.
-    init_cache_fn: `fn(cfg, batch, max_len) -> cache`; default `transformer.init_cache`.
+      default (with `init_cache_fn` also None) `layer_list_forward`, `transformer.forward` over split
+      layers. Any family with the same KV-cache protocol can be sampled.
+    init_cache_fn: `fn(cfg, batch, max_len) -> cache`; default `layer_list_cache` (with the default
+      forward), else `transformer.init_cache`.
     return_logits: also return the raw logits of every step in `SampleOutput.logits`.
     return_logprobs: also return each new token's log-probability under `log_softmax(logits / temperature)`
       in `SampleOutput.logprobs` (what a teacher-forced forward over `sequences` scores; RL's old log-probs).
@@ -233,9 +287,12 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
     key = jax.random.key(0)
   cap = np.iinfo(np.int32).max if max_length is None else int(max_length)
   params = quant.quantize(params, weights)
+  unrolled = forward_fn is None and init_cache_fn is None
+  if unrolled:
+    forward_fn, init_cache_fn = layer_list_forward, layer_list_cache
   return _generate(params, prompt_BT, mask_BT, key, jnp.float32(1.0 if greedy else temperature),
                    jnp.float32(1.0 if top_p is None else top_p), jnp.int32(cap), jnp.int32(pad), cfg=cfg,
                    max_new=int(max_new_tokens), greedy=greedy, top_k=None if greedy or not top_k else int(top_k),
                    use_top_p=top_p is not None and not greedy, stop=stop, forward_fn=forward_fn or tfm.forward,
                    init_cache_fn=init_cache_fn or tfm.init_cache, return_logits=bool(return_logits),
-                   return_logprobs=bool(return_logprobs))
+                   return_logprobs=bool(return_logprobs), unrolled=unrolled)
