@@ -3,13 +3,14 @@
 The default corpus is CPython's standard-library sources (present on every machine), byte-tokenized; the
 `full` preset is the GaLore LLaMA-60M setting (arXiv 2403.03507: batch 512, sequence 256, lr 1e-3, 10%
 warmup then cosine to 10%) on a corpus given by path. Checkpoints (train state + data iterator state) every
-`ckpt_every` steps; `--resume` continues from the latest complete one. `--resume --set steps=N` trains a
+`checkpoint.every` steps; `--resume` continues from the latest complete one. `--resume --set steps=N` trains a
 finished or interrupted run on to N steps: the learning-rate schedule is rebuilt for N total steps (warmup
 unchanged), so a cosine continues from the rebuilt curve's value at the resumed step, not from where the old
 curve ended.
 
   python -m experiments run lm_pretrain --preset cpu
-  python -m experiments run lm_pretrain --preset full --set corpus=/data/c4.jsonl --set tokenizer=/tok/dir
+  python -m experiments run lm_pretrain --preset full --set corpus.path=/data/c4.jsonl \\
+      --set corpus.tokenizer=/tok/dir
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import os
 import jax
 
 from experiments import registry
+from experiments._shared import config as shared_cfg
 from experiments._shared.data import load_corpus
 from experiments._shared.records import dedupe, median
 from experiments._shared.recipes import byte_model, compute_dtype, optimizer, train_step as make_step
@@ -71,21 +73,17 @@ class Config:
   b1: float = 0.9
   b2: float = 0.95
   grad_clip: float = 1.0
-  corpus: str = "stdlib"
-  tokenizer: str = "byte"
-  max_docs: int | None = None
-  val_fraction: float = 0.05
-  eval_every: int = 0
-  eval_batches: int = 4
-  ckpt_every: int = 0
-  keep_ckpts: int = 2
+  corpus: shared_cfg.Corpus = shared_cfg.Corpus()
+  eval: shared_cfg.Eval = shared_cfg.Eval()
+  checkpoint: shared_cfg.Checkpoint = shared_cfg.Checkpoint()  # every 0: only at the end
   log_every: int = 10
   mesh: str | None = None
   strategy: str = "dp"
   seed: int = 0
+  renamed_keys = shared_cfg.FLAT_KEYS
 
   def __post_init__(self):
-    for name in ("steps", "batch_size", "seq_len", "microbatches", "eval_batches", "keep_ckpts", "log_every"):
+    for name in ("steps", "batch_size", "seq_len", "microbatches", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, found {getattr(self, name)}")
     if self.batch_size % self.microbatches:
@@ -97,31 +95,23 @@ class Config:
       raise ValueError(f"strategy must be one of {sorted(shd.RULES)}, found {self.strategy!r}")
     if self.schedule not in schedules.SCHEDULES:
       raise ValueError(f"schedule must be one of {sorted(schedules.SCHEDULES)}, found {self.schedule!r}")
-    if not self.corpus:
-      raise ValueError("corpus must be 'stdlib' or a path (text/JSONL/parquet file, directory or glob)")
     check_train_fields(self)
-    if self.max_docs is not None and self.max_docs < 1:
-      raise ValueError(f"max_docs must be >= 1 or None, found {self.max_docs}")
-    if not 0.0 < self.val_fraction < 1.0:
-      raise ValueError(f"val_fraction must be in (0, 1), found {self.val_fraction}")
-    if self.ckpt_every < 0 or self.eval_every < 0:
-      raise ValueError(f"ckpt_every and eval_every must be >= 0 (0: only at the end), found "
-                       f"{self.ckpt_every} and {self.eval_every}")
 
 
 PRESETS = {
-    "smoke": Config(max_docs=300, eval_batches=2),
+    "smoke": Config(corpus=shared_cfg.Corpus(max_docs=300), eval=shared_cfg.Eval(batches=2)),
     "cpu": Config(model=byte_model(256, 4, 4, 688, 512), steps=300, batch_size=16, seq_len=128, lr=2e-3,
-                  warmup_steps=30, eval_every=100, eval_batches=8, ckpt_every=100, log_every=10),
+                  warmup_steps=30, eval=shared_cfg.Eval(100, 8), checkpoint=shared_cfg.Checkpoint(100),
+                  log_every=10),
     "full": Config(model=dataclasses.replace(tfm.PRESETS["llama-60m"], dtype="bfloat16"), steps=10_000,
                    batch_size=512, seq_len=256, lr=1e-3, warmup_steps=1000, b2=0.999, weight_decay=0.0,
-                   corpus="REQUIRED: --set corpus=PATH", tokenizer="byte", eval_every=1000, eval_batches=20,
-                   ckpt_every=1000, log_every=50, mesh="fsdp:-1", strategy="fsdp"),
+                   corpus=shared_cfg.Corpus("REQUIRED: --set corpus.path=PATH"), eval=shared_cfg.Eval(1000, 20),
+                   checkpoint=shared_cfg.Checkpoint(1000), log_every=50, mesh="fsdp:-1", strategy="fsdp"),
 }
 
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
-  tok = data_lib.load_tokenizer(cfg.tokenizer)
+  tok = data_lib.load_tokenizer(cfg.corpus.tokenizer)
   if cfg.model.vocab_size < tok.vocab_size:
     raise ValueError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's "
                      f"({tok.vocab_size})")
@@ -129,19 +119,20 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   if cfg.batch_size % nproc:
     raise ValueError(f"batch_size ({cfg.batch_size}) must be divisible by the process count ({nproc})")
   mesh = shd.make_mesh(cfg.mesh)
-  docs = load_corpus(cfg.corpus, cfg.max_docs)
+  docs = load_corpus(cfg.corpus.path, cfg.corpus.max_docs)
   local_b = cfg.batch_size // nproc
   train_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, seed=cfg.seed, split="train",
-                                 val_fraction=cfg.val_fraction)
-  val_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, split="val", val_fraction=cfg.val_fraction,
-                               num_epochs=None)  # repeats: every process evaluates eval_batches batches
+                                 val_fraction=cfg.corpus.val_fraction)
+  val_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, split="val",
+                               val_fraction=cfg.corpus.val_fraction,
+                               num_epochs=None)  # repeats: every process evaluates eval.batches batches
   val_start = val_it.get_state()
 
   schedule = schedules.get(cfg.schedule, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
   hp = {"b1": cfg.b1, "b2": cfg.b2, "weight_decay": cfg.weight_decay} if cfg.optimizer == "adamw" else {}
   tx = optimizer(schedule, cfg.optimizer, cfg.grad_clip, **hp)
   init_params = functools.partial(tfm.init, cfg.model)
-  ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=cfg.keep_ckpts)
+  ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=cfg.checkpoint.keep)
   state = None
   if resume:
     restored = ckpt.restore_latest(target=state_lib.abstract_state(init_params, tx, mesh, cfg.strategy))
@@ -165,12 +156,12 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 
   def eval_fn(params):
     val_it.set_state(val_start)
-    return {"val_loss": loop_lib.evaluate(eval_step, params, val_it, shard, cfg.eval_batches)}
+    return {"val_loss": loop_lib.evaluate(eval_step, params, val_it, shard, cfg.eval.batches)}
 
   metrics_path = os.path.join(out_dir, "metrics.jsonl")
   fpt = tfm.flops_per_token(cfg.model, cfg.seq_len)
   result = loop_lib.train_loop(state, train_step, train_it, cfg.steps, shard_fn=shard, checkpointer=ckpt,
-                               ckpt_every=cfg.ckpt_every, eval_fn=eval_fn, eval_every=cfg.eval_every,
+                               ckpt_every=cfg.checkpoint.every, eval_fn=eval_fn, eval_every=cfg.eval.every,
                                metrics_path=metrics_path, log_every=cfg.log_every, flops_per_token=fpt,
                                metadata={"experiment": "lm_pretrain"}, desc="lm_pretrain")
   ckpt.close()

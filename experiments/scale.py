@@ -15,8 +15,8 @@ scripts' lr / warmup / steps, batch 512, sequence 256, cosine to 0.1x, bf16 comp
 (`paper_learning_rates`); the `cpu` rates are the best of a sweep at the cpu preset (`CPU_SWEEP`).
 
   python -m experiments run scale --preset cpu
-  python -m experiments run scale --preset full --set size=llama-350m --set corpus=/data/c4 \\
-      --set tokenizer=/tok/t5 --set microbatches=4
+  python -m experiments run scale --preset full --set size=llama-350m --set corpus.path=/data/c4 \\
+      --set corpus.tokenizer=/tok/t5 --set microbatches=4
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ import numpy as np
 import optax
 
 from experiments import registry
+from experiments._shared import config as shared_cfg
 from experiments.runner.claims import Claim
 from experiments._shared.data import load_corpus
 from experiments._shared.records import dedupe
@@ -121,20 +122,16 @@ class Config:
   update_proj_gap: int = 200
   galore_scale: float = 0.25
   apollo_scale: float = 1.0
-  corpus: str = "stdlib"
-  tokenizer: str = "byte"
-  max_docs: int | None = None
-  val_fraction: float = 0.05
-  eval_every: int = 0
-  eval_batches: int = 4
+  corpus: shared_cfg.Corpus = shared_cfg.Corpus()
+  eval: shared_cfg.Eval = shared_cfg.Eval()
   log_every: int = 10
-  ckpt_every: int = 0  # 0: no checkpoints (a resumed run redoes the unfinished optimizers)
-  keep_ckpts: int = 2
+  checkpoint: shared_cfg.Checkpoint = shared_cfg.Checkpoint()  # every 0: none (resume redoes unfinished runs)
   timing_steps: int = 10  # interleaved steps per optimizer for step_time_ratio (0: skip, NaN)
   memory_sizes: tuple[str, ...] = SIZES
   mesh: str | None = None
   strategy: str = "dp"
   seed: int = 0
+  renamed_keys = shared_cfg.FLAT_KEYS
 
   def __post_init__(self):
     if self.size is not None and self.size not in PAPER_SCHEDULE:
@@ -150,8 +147,7 @@ class Config:
     for s in self.memory_sizes:
       if s not in tfm.PRESETS:
         raise ValueError(f"memory_sizes: {s!r} is not a transformer preset ({sorted(tfm.PRESETS)})")
-    for name in ("batch_size", "seq_len", "microbatches", "eval_batches", "log_every", "keep_ckpts",
-                 "update_proj_gap"):
+    for name in ("batch_size", "seq_len", "microbatches", "log_every", "update_proj_gap"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, found {getattr(self, name)}")
     if self.steps is not None and self.steps < 1:
@@ -260,8 +256,9 @@ def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_
   tx = make_optimizer(name, cfg, plan)
   local_b = cfg.batch_size // jax.process_count()
   train_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, seed=cfg.seed, split="train",
-                                 val_fraction=cfg.val_fraction)
-  ckpt = Checkpointer(os.path.join(opt_dir, "checkpoints"), keep=cfg.keep_ckpts) if cfg.ckpt_every else None
+                                 val_fraction=cfg.corpus.val_fraction)
+  ckpt = (Checkpointer(os.path.join(opt_dir, "checkpoints"), keep=cfg.checkpoint.keep) if cfg.checkpoint.every
+          else None)
   state = None
   if resume and ckpt is not None:
     restored = ckpt.restore_latest(target=state_lib.abstract_state(init_params, tx, mesh, cfg.strategy))
@@ -279,7 +276,7 @@ def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_
   try:
     result = loop_lib.train_loop(state, train_step, train_it, plan.steps,
                                  shard_fn=functools.partial(shd.shard_batch, mesh=mesh), checkpointer=ckpt,
-                                 ckpt_every=cfg.ckpt_every, eval_fn=eval_fn, eval_every=cfg.eval_every,
+                                 ckpt_every=cfg.checkpoint.every, eval_fn=eval_fn, eval_every=cfg.eval.every,
                                  metrics_path=records_path, log_every=cfg.log_every,
                                  metadata={"experiment": "scale", "optimizer": name}, desc=f"scale:{name}")
     summary["val_loss"] = result.last_eval.get("val_loss", float("nan"))
@@ -318,18 +315,18 @@ def _write_table(path, cfg, plan, summaries, state_bytes, ratios) -> None:
 
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
-  for field, what in (("corpus", "a corpus path or hf:NAME"), ("tokenizer", "a tokenizer.json path")):
-    if getattr(cfg, field).startswith("REQUIRED"):
-      raise ValueError(f"this preset needs {what}: {getattr(cfg, field)}")
-  tok = data_lib.load_tokenizer(cfg.tokenizer)
+  for field, what in (("path", "a corpus path or hf:NAME"), ("tokenizer", "a tokenizer.json path")):
+    if getattr(cfg.corpus, field).startswith("REQUIRED"):
+      raise ValueError(f"this preset needs {what}: {getattr(cfg.corpus, field)}")
+  tok = data_lib.load_tokenizer(cfg.corpus.tokenizer)
   plan = resolve(cfg, tok.vocab_size)
   if cfg.batch_size % jax.process_count():
     raise ValueError(f"batch_size ({cfg.batch_size}) must be divisible by the process count "
                      f"({jax.process_count()})")
   mesh = shd.make_mesh(cfg.mesh)
-  docs = load_corpus(cfg.corpus, cfg.max_docs)
+  docs = load_corpus(cfg.corpus.path, cfg.corpus.max_docs)
   local_b = cfg.batch_size // jax.process_count()
-  val_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, split="val", val_fraction=cfg.val_fraction,
+  val_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, split="val", val_fraction=cfg.corpus.val_fraction,
                                num_epochs=None)
   val_start = val_it.get_state()
   shard = functools.partial(shd.shard_batch, mesh=mesh)
@@ -338,7 +335,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 
   def eval_fn(params):
     val_it.set_state(val_start)
-    return {"val_loss": loop_lib.evaluate(eval_step, params, val_it, shard, cfg.eval_batches)}
+    return {"val_loss": loop_lib.evaluate(eval_step, params, val_it, shard, cfg.eval.batches)}
 
   init_params = functools.partial(tfm.init, plan.model)
   params0 = shd.sharded_init(init_params, mesh, cfg.strategy, jax.random.PRNGKey(cfg.seed))
@@ -364,7 +361,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   ratio = float("nan")
   if cfg.timing_steps > 0:
     batch = shard(next(iter(data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, seed=cfg.seed + 1,
-                                                split="train", val_fraction=cfg.val_fraction))))
+                                                split="train", val_fraction=cfg.corpus.val_fraction))))
     pairs = {}
     for name in ("adamw", "scale"):
       if name in kept:
@@ -397,15 +394,17 @@ PRESETS = {
     "smoke": Config(model=byte_model(32, 1, 2, 64, 64), steps=4, warmup_steps=1, batch_size=8, seq_len=32,
                     lr=LearningRates(adamw=3e-3, sgd=0.3, sgd_colnorm=3e-3, colnorm_momentum=3e-3, scale=3e-3,
                                      galore=1e-2, apollo=1e-2, muon=2e-2, vector=3e-3, muon_adam=3e-3),
-                    max_docs=200, eval_batches=1, log_every=2, timing_steps=3),
+                    corpus=shared_cfg.Corpus(max_docs=200), eval=shared_cfg.Eval(batches=1), log_every=2,
+                    timing_steps=3),
     "cpu": Config(model=byte_model(128, 4, 4, 344, 128), steps=200, warmup_steps=20, batch_size=16, seq_len=128,
                   lr=LearningRates(**{o: min(v, key=v.get) for o, v in CPU_SWEEP.items()}, vector=3e-3,
                                    muon_adam=3e-3),
-                  eval_every=40, eval_batches=8, log_every=20, timing_steps=30),
-    "full": Config(size="llama-60m", corpus="REQUIRED: --set corpus=PATH (C4 JSONL/parquet dir or hf:NAME)",
-                   tokenizer="REQUIRED: --set tokenizer=PATH (T5 tokenizer.json or its directory)",
-                   eval_every=1000, eval_batches=20, log_every=50, ckpt_every=1000, strategy="fsdp",
-                   timing_steps=10),
+                  eval=shared_cfg.Eval(40, 8), log_every=20, timing_steps=30),
+    "full": Config(size="llama-60m",
+                   corpus=shared_cfg.Corpus("REQUIRED: --set corpus.path=PATH (C4 JSONL/parquet dir or hf:NAME)",
+                                            "REQUIRED: --set corpus.tokenizer=PATH (T5 tokenizer.json or its dir)"),
+                   eval=shared_cfg.Eval(1000, 20), log_every=50, checkpoint=shared_cfg.Checkpoint(1000),
+                   strategy="fsdp", timing_steps=10),
 }
 
 registry.register(registry.Experiment(

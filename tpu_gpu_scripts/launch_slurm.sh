@@ -7,7 +7,7 @@
 # node on port JAXLAB_COORDINATOR_PORT (set below). Each task sees one GPU (--gpus-per-task=1).
 # Usage (submit):
 #   sbatch --nodes=2 --gpus-per-node=8 tpu_gpu_scripts/launch_slurm.sh python -m experiments run lm_pretrain \
-#       --preset full --set corpus=/shared/c4.jsonl --out /shared/runs/lm60m
+#       --preset full --set corpus.path=/shared/c4.jsonl --out /shared/runs/lm60m
 # or inside an existing allocation (salloc):  bash tpu_gpu_scripts/launch_slurm.sh CMD [ARGS...]
 # Options via environment: GPUS_PER_NODE (default: SLURM_GPUS_ON_NODE, else 8), JAXLAB_COORDINATOR_PORT.
 #SBATCH --job-name=jaxlab

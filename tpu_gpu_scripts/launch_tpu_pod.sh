@@ -8,7 +8,7 @@
 # Usage:
 #   tpu_gpu_scripts/launch_tpu_pod.sh -t TPU_NAME -z ZONE [-p PROJECT] [-r REMOTE_DIR] [-s] -- CMD [ARGS...]
 #   tpu_gpu_scripts/launch_tpu_pod.sh -t my-v4-32 -z us-central2-b -s -- \
-#       python -m experiments run lm_pretrain --preset full --set corpus=/data/c4.jsonl --out gs://bucket/run
+#       python -m experiments run lm_pretrain --preset full --set corpus.path=/data/c4.jsonl --out gs://bucket/run
 # -s copies this checkout (git-tracked files) to REMOTE_DIR (default ~/jaxlab) on all workers and runs
 # `pip install -e .` there. Output of every worker is streamed back, prefixed by gcloud with the worker id.
 # Use a gs:// --out (or a shared filesystem) so checkpoints from all hosts land in one place.

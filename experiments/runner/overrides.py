@@ -105,14 +105,17 @@ def apply_overrides(cfg, items) -> Any:
 
   Each value is parsed as its field's annotated type (int, float, bool, str, X | None, tuple[...]);
   an unknown key, a bad value or a config that fails its own validation (checked once, with every
-  override applied) raises OverrideError naming the keys, before anything else runs.
+  override applied) raises OverrideError naming the keys, before anything else runs. A config class may map
+  former flat keys to their nested places in a `renamed_keys` class variable ({"eval_every": "eval.every"}).
   """
   changes: dict = {}
+  renamed = getattr(type(cfg), "renamed_keys", {})
   for item in items or ():
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key:
       raise OverrideError(f"--set expects key=value, found {item!r}")
+    key = renamed.get(key, key)
     *parents, leaf = key.split(".")
     node = changes
     for part in parents:

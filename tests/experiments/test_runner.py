@@ -53,6 +53,22 @@ def test_bad_overrides_name_the_key(item, key, why):
   assert key in str(err.value) and why in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["lm_pretrain", "scale"])
+def test_flat_keys_reach_the_nested_corpus_eval_and_checkpoint_configs(name):
+  exp = registry.get(name)
+  old = registry.apply_overrides(exp.presets["smoke"], ["corpus=/c.jsonl", "tokenizer=/t", "max_docs=7",
+                                                        "val_fraction=0.2", "eval_every=5", "eval_batches=3",
+                                                        "ckpt_every=4", "keep_ckpts=1"])
+  new = registry.apply_overrides(exp.presets["smoke"], ["corpus.path=/c.jsonl", "corpus.tokenizer=/t",
+                                                        "corpus.max_docs=7", "corpus.val_fraction=0.2",
+                                                        "eval.every=5", "eval.batches=3", "checkpoint.every=4",
+                                                        "checkpoint.keep=1"])
+  assert old == new
+  assert (new.corpus.path, new.corpus.max_docs, new.eval.every, new.checkpoint.keep) == ("/c.jsonl", 7, 5, 1)
+  with pytest.raises(registry.OverrideError, match="corpus.max_docs must be >= 1"):
+    registry.apply_overrides(exp.presets["smoke"], ["max_docs=0"])
+
+
 def test_cli_rejects_bad_set_before_running(tmp_path, capsys, monkeypatch):
   ran = []
   monkeypatch.setattr(registry, "run_experiment", lambda *a, **k: ran.append(a))
