@@ -1,1 +1,1 @@
-"""Evaluation: answer extraction and exact match (`answers`), and the judge protocol (`judge`)."""
+"""Evaluation: answer extraction and exact match (`answers`), the judge protocol (`judge`), sandbox (`sandbox`)."""
