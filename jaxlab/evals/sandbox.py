@@ -1,18 +1,20 @@
 """Sandbox: run an untrusted command (a model-written patch's tests, generated plotting code, a tool call).
 
 The command sees its workdir at `/workdir` (read-write), a read-only runtime (/usr, this interpreter's prefixes,
-the loader's /etc files) and fresh /proc, /dev and /tmp; nothing of the host's home, temp or the project. It runs
-as host uid/gid nobody without capabilities, in its own pid, network, ipc, uts and cgroup namespaces.
+the loader's and fontconfig's /etc files), fresh /proc and /dev and a private /tmp; nothing of the host's home,
+temp or the project. It runs without capabilities or new privileges, as uid 65534, in its own pid, network, ipc,
+uts and cgroup namespaces. `network=True` keeps the host's network (and its resolver files).
 
-Limits: wall clock (`timeout_s`: the sandbox's pid namespace is killed, which kills every process in it), address
-space per process (`memory_mb`, RLIMIT_AS; /tmp is a tmpfs of the same size), processes (`max_procs`,
-RLIMIT_NPROC, enforced because the uid is not root; it counts every process of host uid nobody). stdout and stderr
-keep their first `MAX_OUTPUT_BYTES` bytes each; the rest is read and dropped. Nothing outlives `run`: the pid
-namespace dies with its first process. `network=True` keeps the host's network (and its resolver files).
+Limits: wall clock (`timeout_s`: the sandbox's pid namespace is killed, and with it every process in it), address
+space per process (`memory_mb`, RLIMIT_AS; /tmp and /dev/shm are tmpfs of that size), processes (`max_procs`, RLIMIT_NPROC).
+stdout and stderr keep their first `MAX_OUTPUT_BYTES` bytes each; the rest is read and dropped. Nothing outlives
+`run`: the pid namespace dies with its first process, which `run` waits for.
 
-Backends: bubblewrap (Debian `bubblewrap`; needs root, to drop to nobody with the limits enforced) and Docker
-(`docker_argv`, for task images that bring their own runtime). With bubblewrap the workdir tree belongs to nobody
-during the call and to the workdir's owner again afterwards.
+Backends: bubblewrap (Debian `bubblewrap`) and Docker (`docker_argv`, for task images that bring their own
+runtime). Called as root, bwrap drops the command to host uid nobody (root ignores RLIMIT_NPROC), which then counts
+every process of host uid nobody, and the workdir tree belongs to nobody during the call and to the workdir's owner
+afterwards. Called as another user, bwrap maps that user to 65534 in a new user namespace (no nested ones), where
+RLIMIT_NPROC counts the sandbox's processes.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ ETC_NETWORK = ("/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/ssl
 
 
 class Result(NamedTuple):
+  """The command's exit status (bwrap's 128 + signal, or -signal, when killed) and its output, decoded as UTF-8."""
   returncode: int
   stdout: str
   stderr: str
@@ -80,11 +83,15 @@ def _environment(env: Mapping[str, str] | None) -> dict[str, str]:
 
 
 def bwrap_argv(argv: Sequence[str], *, workdir: str, memory_mb: int, max_procs: int, network: bool = False,
-               env: Mapping[str, str] | None = None, ro_paths: Sequence[str] = ()) -> list[str]:
-  """The bubblewrap command line; run as root, it drops to nobody through setpriv after prlimit."""
-  cmd = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
-         "--die-with-parent", "--new-session", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
-  cmd += [] if network else ["--unshare-net"]
+               env: Mapping[str, str] | None = None, ro_paths: Sequence[str] = (), as_root: bool = True) -> list[str]:
+  """The bubblewrap command line: limits set by prlimit inside the namespaces, then (as root) setpriv to nobody."""
+  cmd = ["bwrap", "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+  if as_root:
+    cmd += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-add", "CAP_SETUID",
+            "--cap-add", "CAP_SETGID"] + ([] if network else ["--unshare-net"])
+  else:
+    cmd += ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+    cmd += ["--share-net"] if network else []
   binds = sorted(set(runtime_paths() + [os.path.realpath(p) for p in ro_paths]))
   etc = ETC_RUNTIME + (ETC_NETWORK if network else ())
   for d in _parents(binds + list(etc)):
@@ -96,13 +103,14 @@ def bwrap_argv(argv: Sequence[str], *, workdir: str, memory_mb: int, max_procs: 
   cmd += ["--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink", "usr/lib", "/lib",
           "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
           "--perms", "1777", "--size", str(memory_mb << 20), "--tmpfs", "/tmp",
-          "--bind", workdir, WORKDIR, "--chdir", WORKDIR, "--clearenv"]
+          "--perms", "1777", "--size", str(memory_mb << 20), "--tmpfs", "/dev/shm",
+          "--bind", workdir, WORKDIR, "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
   for k, v in _environment(env).items():
     cmd += ["--setenv", k, v]
   limits = ["/usr/bin/prlimit", f"--as={memory_mb << 20}", f"--nproc={max_procs}", "--core=0", "--"]
   drop = ["/usr/bin/setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--no-new-privs",
           "--inh-caps=-all", "--bounding-set=-all", "--"]
-  return cmd + ["--"] + limits + drop + list(argv)
+  return cmd + ["--"] + limits + (drop if as_root else []) + list(argv)
 
 
 def docker_argv(image: str, argv: Sequence[str], *, workdir: str, timeout_s: float, memory_mb: int,
@@ -188,7 +196,7 @@ def run(argv: Sequence[str], *, workdir: str, timeout_s: float, memory_mb: int, 
     backend: "bwrap" or "docker" (then `image` names the image that holds the runtime).
 
   Raises:
-    RuntimeError: bwrap or docker is not installed, or bwrap is used without root.
+    RuntimeError: bwrap (or, for backend="docker", docker or the image) is missing.
     FileNotFoundError, ValueError: a missing workdir or ro_path, non-positive limits, a malformed env.
   """
   workdir = _check(workdir, timeout_s, memory_mb, max_procs, env)
@@ -208,14 +216,11 @@ def run(argv: Sequence[str], *, workdir: str, timeout_s: float, memory_mb: int, 
     raise ValueError(f"sandbox backend must be 'bwrap' or 'docker', found {backend!r}")
   if not shutil.which("bwrap"):
     raise RuntimeError("the sandbox needs bubblewrap: apt-get install -y bubblewrap (Debian package `bubblewrap`)")
-  if not root:
-    raise RuntimeError("the bwrap sandbox runs as root, to drop the command to uid nobody with RLIMIT_NPROC "
-                       "enforced; run as root or use backend='docker'")
   missing = [p for p in ro_paths if not os.path.isdir(p)]
   if missing:
     raise FileNotFoundError(f"sandbox ro_paths {missing} are not existing directories")
   cmd = bwrap_argv(argv, workdir=workdir, memory_mb=memory_mb, max_procs=max_procs, network=network, env=env,
-                   ro_paths=ro_paths)
+                   ro_paths=ro_paths, as_root=root)
 
   def execute():
     info_r, info_w = os.pipe()
@@ -223,7 +228,7 @@ def run(argv: Sequence[str], *, workdir: str, timeout_s: float, memory_mb: int, 
       return _execute(cmd[:1] + ["--info-fd", str(info_w)] + cmd[1:], timeout_s, _kill_namespace(info_r), (info_w,))
     finally:
       os.close(info_r)
-  return _as_nobody(workdir, True, execute)
+  return _as_nobody(workdir, root, execute)
 
 
 def _as_nobody(workdir: str, chown: bool, execute) -> Result:

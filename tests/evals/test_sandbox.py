@@ -1,6 +1,8 @@
 """Sandbox: each escape attempt is contained (network, host files, writes, fork bomb, memory, time, leftovers, uid)."""
+import json
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -171,11 +173,55 @@ def test_clear_errors(tmp_path, monkeypatch):
     sandbox.run(["true"], **args, backend="docker", image="python:3.11")
 
 
+NON_ROOT_CALLER = '''
+import json, os, socket, sandbox
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen()
+code = """
+import os, socket, time
+print(os.getuid())
+for p in ['/x', '/usr/x', '/etc/x']:
+  try:
+    open(p, 'w'); print('wrote', p)
+  except OSError:
+    pass
+try:
+  socket.create_connection(('127.0.0.1', PORT), timeout=3); print('connected')
+except OSError:
+  pass
+open('made', 'w').write('x')
+n = 0
+try:
+  while True:
+    if os.fork() == 0:
+      time.sleep(30); os._exit(0)
+    n += 1
+except OSError:
+  print(n)
+""".replace("PORT", str(srv.getsockname()[1]))
+r = sandbox.run(["python3", "-c", code], workdir="work", timeout_s=20, memory_mb=256, max_procs=16)
+u = sandbox.run(["unshare", "--user", "true"], workdir="work", timeout_s=20, memory_mb=256)
+print(json.dumps([r._asdict(), u.returncode, os.stat("work/made").st_uid]))
+'''
+
+
 @needs_bwrap
-def test_bwrap_without_root_is_refused(tmp_path, monkeypatch):
-  monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
-  with pytest.raises(RuntimeError, match="runs as root"):
-    sandbox.run(["true"], workdir=str(tmp_path), timeout_s=1, memory_mb=64)
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs /usr/bin/python3 for the non-root caller")
+def test_non_root_caller_contained():
+  base = tempfile.mkdtemp()  # the caller is nobody: the module is copied where it can read it
+  try:
+    shutil.copy(sandbox.__file__, base)
+    os.mkdir(f"{base}/work")
+    for p in (base, f"{base}/work", f"{base}/sandbox.py"):
+      os.chown(p, sandbox.NOBODY, sandbox.NOBODY)
+    cmd = ["setpriv", f"--reuid={sandbox.NOBODY}", f"--regid={sandbox.NOBODY}", "--clear-groups", "/usr/bin/python3",
+           "-c", NON_ROOT_CALLER]
+    out = subprocess.run(cmd, cwd=base, capture_output=True, text=True, timeout=60)
+    r, unshare_rc, owner = json.loads(out.stdout)
+  finally:
+    shutil.rmtree(base)
+  lines = r["stdout"].split()
+  assert r["returncode"] == 0 and len(lines) == 2 and lines[0] == "65534" and 0 < int(lines[1]) < 16, (r, out.stderr)
+  assert unshare_rc != 0 and owner == sandbox.NOBODY  # no nested user namespace; files belong to the caller
 
 
 def test_docker_argv(tmp_path):
