@@ -5,10 +5,10 @@ the loader's and fontconfig's /etc files), fresh /proc and /dev and a private /t
 temp or the project. It runs without capabilities or new privileges, as uid 65534, in its own pid, network, ipc,
 uts and cgroup namespaces. `network=True` keeps the host's network (and its resolver files).
 
-Limits: wall clock (`timeout_s`: the sandbox's pid namespace is killed, and with it every process in it), address
-space per process (`memory_mb`, RLIMIT_AS; /tmp and /dev/shm are tmpfs of that size), processes (`max_procs`, RLIMIT_NPROC).
-stdout and stderr keep their first `MAX_OUTPUT_BYTES` bytes each; the rest is read and dropped. Nothing outlives
-`run`: the pid namespace dies with its first process, which `run` waits for.
+Limits: wall clock (`timeout_s`: the sandbox's pid namespace is killed, and with it every process in it),
+address space per process (`memory_mb`, RLIMIT_AS; /tmp and /dev/shm are tmpfs of that size), processes
+(`max_procs`, RLIMIT_NPROC). stdout and stderr keep their first `MAX_OUTPUT_BYTES` bytes each; the rest is read and
+dropped. Nothing outlives `run`: the pid namespace dies with its first process, which `run` waits for.
 
 Backends: bubblewrap (Debian `bubblewrap`) and Docker (`docker_argv`, for task images that bring their own
 runtime). Called as root, bwrap drops the command to host uid nobody (root ignores RLIMIT_NPROC), which then counts
@@ -116,7 +116,10 @@ def bwrap_argv(argv: Sequence[str], *, workdir: str, memory_mb: int, max_procs: 
 def docker_argv(image: str, argv: Sequence[str], *, workdir: str, timeout_s: float, memory_mb: int,
                 network: bool = False, env: Mapping[str, str] | None = None, max_procs: int = 64,
                 name: str | None = None, user: str = f"{NOBODY}:{NOBODY}") -> list[str]:
-  """The `docker run` command line: the same limits, the image's own runtime, the workdir at /workdir."""
+  """The `docker run` command line: the same limits, the image's own runtime, the workdir at /workdir.
+
+  `timeout_s` is validated here and enforced by `run`, which `docker kill`s the container (`name`) when it expires.
+  """
   _check(workdir, timeout_s, memory_mb, max_procs, env)
   cmd = ["docker", "run", "--rm", "--name", name or f"jaxlab-sandbox-{uuid.uuid4().hex[:12]}",
          "--network", "host" if network else "none", "--memory", f"{memory_mb}m", "--memory-swap", f"{memory_mb}m",
