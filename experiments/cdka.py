@@ -33,7 +33,7 @@ import os
 import jax
 import numpy as np
 
-from experiments import _adapter_common as common
+from experiments._shared import adapters as common
 from experiments import registry
 from experiments._shared.recipes import fit, optimizer
 from experiments.runner.claims import Claim

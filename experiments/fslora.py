@@ -1,7 +1,7 @@
 """Federated Sketching LoRA (FSLoRA, arXiv:2501.19389) against FedLoRA and HetLoRA-style zero padding: accuracy
 against cumulative uploaded bytes, and the effect of the sketch ratio.
 
-The base model and task come from `experiments._adapter_common.Setup`, as in experiments/cdka.py (smoke / cpu: a
+The base model and task come from `experiments._shared.adapters.Setup`, as in experiments/cdka.py (smoke / cpu: a
 byte-level LM pretrained here on equations, fine-tuned on held-out arithmetic word problems; full: a LLaMA
 checkpoint and JSONL data by path).
 The training examples are split over N clients by a Dirichlet(alpha) draw per class (`fslora.dirichlet_split`;
@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import _adapter_common as common
+from experiments._shared import adapters as common
 from experiments import registry
 from experiments.runner.claims import Claim
 from jaxlab.adapters import fslora, lora

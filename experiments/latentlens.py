@@ -1,16 +1,16 @@
 """LatentLens (arXiv:2602.00462) against LogitLens and EmbeddingLens on visual tokens of a VLM, judged per layer.
 
-The cpu preset has ground truth (`jaxlab.data.tasks.scenes`). The VLM is `experiments._vlm_pipeline`'s: a word-level
-text LM pretrained on caption-like and everyday text (160 words: 12 colours, 8 shapes, 6 backgrounds, positions,
-function words and ~100 everyday words; the colour words also modify everyday nouns, as in real text), a small ViT,
-and a connector trained alone to caption scenes. Two of the LM's text styles put a context prefix before a caption
-(notes: the objects' attribute words; patch grid: one attribute word per patch in raster order, the textual analogue
-of image tokens) and carry no loss on the prefix: the LM learns to read it, as a VLM's LM reads image tokens, but is
-never trained to predict it, so, as in real VLMs, the LM head's next-token predictions at visual positions are not
-trained towards describing the image. The LatentLens index runs the same frozen LM over fresh texts of every style
-(other scenes than the evaluated ones; no image tokens) and stores every hidden state 0 .. L
-(`default_index_layers`). Every LM layer's visual tokens (0 = the connector's outputs, L = the final-normed output)
-are described by their top-5 tokens under each lens.
+The cpu preset has ground truth (`jaxlab.data.tasks.scenes`). The VLM is `experiments._shared.vlm_pipeline`'s: a
+word-level text LM pretrained on caption-like and everyday text (160 words: 12 colours, 8 shapes, 6 backgrounds,
+positions, function words and ~100 everyday words; the colour words also modify everyday nouns, as in real text), a
+small ViT, and a connector trained alone to caption scenes. Two of the LM's text styles put a context prefix before
+a caption (notes: the objects' attribute words; patch grid: one attribute word per patch in raster order, the
+textual analogue of image tokens) and carry no loss on the prefix: the LM learns to read it, as a VLM's LM reads
+image tokens, but is never trained to predict it, so, as in real VLMs, the LM head's next-token predictions at
+visual positions are not trained towards describing the image. The LatentLens index runs the same frozen LM over
+fresh texts of every style (other scenes than the evaluated ones; no image tokens) and stores every hidden state
+0 .. L (`default_index_layers`). Every LM layer's visual tokens (0 = the connector's outputs, L = the final-normed
+output) are described by their top-5 tokens under each lens.
 
 What is judged: one judge, applied identically to the three lenses, sees only the five description tokens (for
 LatentLens: the neighbours' tokens, duplicates included, without their contexts). A visual token is
@@ -47,7 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import _vlm_pipeline as pipe, registry
+from experiments import registry
+from experiments._shared import vlm_pipeline as pipe
 from experiments.runner.claims import Claim
 from jaxlab.data.tasks import scenes as scenes_lib
 from jaxlab.evals import judge as judge_lib

@@ -2,7 +2,7 @@
 accuracy under attention interventions.
 
 On the connector-trained VLM of the latentlens experiment (its saved artifacts are reused when `source` names a
-latentlens run directory holding them; otherwise the same VLM is trained here by `_vlm_pipeline.train_vlm`), each
+latentlens run directory holding them; otherwise the same VLM is trained here by `_shared.vlm_pipeline.train_vlm`), each
 LM block's attention and MLP (FFN) updates are measured on teacher-forced "<bos> <image>xP caption" sequences:
 RID = dS + dD (how much an update changes the rank and leaves the spans of the residual stream) and MixIG
 (the change in token-mixing entropy), per layer and averaged over layers and examples. X is the residual stream
@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import _vlm_pipeline as pipe, registry
+from experiments import registry
+from experiments._shared import vlm_pipeline as pipe
 from experiments.runner.claims import Claim
 from jaxlab.data.tasks import scenes as scenes_lib
 from jaxlab.interp import geometry

@@ -7,8 +7,8 @@ each other, but no two packages, and no two modules, import each other in a cycl
     -> rl, envs, evals -> train -> experiments
 
 `jaxlab/__init__.py` may re-export anything. No experiment module imports another one: experiments import
-only the runner (`experiments.registry`, `experiments.runner`) and the shared helpers (`experiments._shared`,
-`experiments._*`); the runner and the benchmarks (`experiments.bench*`) import no experiment either.
+only the runner (`experiments.registry`, `experiments.runner`) and the shared helpers (`experiments._shared`);
+the runner and the benchmarks (`experiments.bench*`) import no experiment either.
 """
 from __future__ import annotations
 
@@ -192,9 +192,9 @@ def test_no_module_import_cycles(graph):
 
 
 def _runner_or_shared(module: str) -> bool:
-  """experiments (the package), its runner, or a shared helper (experiments._shared, experiments._name)."""
+  """experiments (the package), its runner, or the shared helpers (experiments._shared)."""
   leaf = module.split(".")[1] if "." in module else ""
-  return not leaf or leaf in RUNNER or (leaf.startswith("_") and not leaf.startswith("__"))
+  return not leaf or leaf in RUNNER or leaf == "_shared"
 
 
 def test_no_experiment_imports_another_experiment(graph):

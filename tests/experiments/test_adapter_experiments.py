@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import _adapter_common as common
+from experiments._shared import adapters as common
 from experiments import cdka as cdka_exp
 from experiments import fslora as fslora_exp
 from experiments import registry

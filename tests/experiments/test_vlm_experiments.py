@@ -1,4 +1,4 @@
-"""experiments/latentlens.py, experiments/lost_in_attention.py and experiments/_vlm_pipeline.py: one shared smoke
+"""experiments/latentlens.py, experiments/lost_in_attention.py and experiments/_shared/vlm_pipeline.py: one shared smoke
 run of each (every results key, values in range, means equal to their parts), the judge and chance level
 against brute force, the full presets on the smoke run's own llava directory (stub judge; captions file) and
 their errors, and interventions restricted to no layer = the plain model."""
@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from experiments import _vlm_pipeline as pipe
+from experiments._shared import vlm_pipeline as pipe
 from experiments import latentlens as ll
 from experiments import lost_in_attention as lia
 from experiments import registry
