@@ -1,1 +1,2 @@
-"""Evaluation: answer extraction and exact match (`answers`), the judge protocol (`judge`), sandbox (`sandbox`)."""
+"""Evaluation: answer extraction and exact match (`answers`), the judge protocol (`judge`), sandbox (`sandbox`).
+Aggregation of sampled judge verdicts by Bradley-Terry-Davidson, with its baselines and metrics (`btd`)."""
