@@ -233,8 +233,8 @@ LLAVA = Family(model_types=("llava",), config_cls=vlm.Config, config_from_hf=lla
                config_to_hf=llava_config_to_hf, tensors=llava_tensors, init=vlm.init,
                n_layers=lambda c: c.text.n_layers, ignore=("rotary_emb.inv_freq", "position_ids"),
                redundant=lambda c: ("language_model.lm_head.weight",) if c.text.tie_embeddings else ())
-# Full CLIP / SigLIP checkpoints load as their vision tower; registered first so saving picks the vision models.
+# Full CLIP / SigLIP checkpoints load as their vision tower; listed first so saving picks the vision models.
 FULL_CLIP = _vision_family(("clip", "siglip"), "vision_model.",
                            ("text_model.", "text_projection", "visual_projection", "logit_scale", "logit_bias"))
 VISION = _vision_family(("clip_vision_model", "siglip_vision_model", "dinov2", "dinov2_with_registers"))
-FAMILIES = (FULL_CLIP, VISION, LLAVA)  # registered in this order by jaxlab.hf
+FAMILIES = (FULL_CLIP, VISION, LLAVA)  # in this order in jaxlab.hf.FAMILIES (the last match wins)

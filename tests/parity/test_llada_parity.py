@@ -26,7 +26,7 @@ import transformers
 
 from jaxlab import hf
 from jaxlab.generate import diffusion
-from jaxlab.hf import io, llada  # noqa: F401  (registers the llada/Dream family)
+from jaxlab.hf import io, llada
 from jaxlab.models import mdm
 
 COMMON = dict(block_type="llama", layer_norm_type="rms", rope=True, activation_type="silu", rms_norm_eps=1e-5,

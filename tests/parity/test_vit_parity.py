@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 
-import jaxlab.hf.vision  # noqa: F401  (registers the vision families)
+import jaxlab.hf.vision  # noqa: F401  (hf.vision.layout)
 from jaxlab import hf
 from jaxlab.models import vit
 
