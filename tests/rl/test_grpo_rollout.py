@@ -1,0 +1,99 @@
+"""Group advantages against NumPy, rollouts (G samples per prompt in one batch, stop strings cut on decoded text,
+log-probs equal to a teacher-forced forward), and GRPO's first update equal to the policy-gradient estimator on
+a tiny model."""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jaxlab import losses
+from jaxlab.models import transformer as tfm
+from jaxlab.rl import GRPOConfig, as_batch, group_advantages, sample_rollout, truncate_at_stop_strings
+from jaxlab.rl.rollout import PromptCycle
+
+V = 32
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  cfg = tfm.Config.tiny(vocab_size=V, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64, init_std=0.3,
+                        eos_token_id=None, pad_token_id=0)
+  return cfg, tfm.init(cfg, jax.random.key(0))
+
+
+def decode(tokens):
+  return "".join(chr(ord("a") + t % 26) for t in tokens)
+
+
+def test_group_advantages_match_numpy():
+  r = np.random.default_rng(0).normal(size=12).astype(np.float32)
+  g = r.reshape(3, 4)
+  want = (g - g.mean(1, keepdims=True)) / (g.std(1, ddof=1, keepdims=True) + 1e-4)
+  np.testing.assert_allclose(np.asarray(group_advantages(r, 4)), want.reshape(-1), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(group_advantages(r, 4, "none")), (g - g.mean(1, keepdims=True)).reshape(-1),
+                             rtol=1e-5, atol=1e-7)
+  np.testing.assert_array_equal(np.asarray(group_advantages(np.ones(4), 2)), np.zeros(4))  # no signal, no update
+  with pytest.raises(ValueError):
+    group_advantages(r, 5)
+  with pytest.raises(ValueError, match="group_size"):
+    GRPOConfig(group_size=1)
+  with pytest.raises(ValueError, match="aggregation"):
+    GRPOConfig(aggregation="mean")
+
+
+def test_stop_strings_cut_at_the_completing_token():
+  tokens = np.array([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 0, 0]])  # "abcdef", "hijk"
+  mask = np.array([[1] * 6, [1, 1, 1, 1, 0, 0]])
+  logp = -np.ones((2, 6), np.float32) * mask
+  t, m, lp = truncate_at_stop_strings(tokens, mask, logp, decode, ["cd", "zz"], pad_id=0)
+  np.testing.assert_array_equal(m, [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 0, 0]])
+  np.testing.assert_array_equal(t[0], [0, 1, 2, 3, 0, 0])
+  np.testing.assert_array_equal(lp[0], [-1, -1, -1, -1, 0, 0])
+
+
+def test_rollout_samples_groups_in_one_batch_with_teacher_forced_logprobs(tiny):
+  cfg, params = tiny
+  prompts = [[3, 4, 5, 6], [7, 8]]
+  ro = sample_rollout(params, cfg, prompts, [{"id": 0}, {"id": 1}], group_size=4, max_new_tokens=10,
+                      key=jax.random.key(1), temperature=1.0, stop_strings=["e"], decode=decode)
+  assert ro.tokens.shape == (8, 10) and ro.prompt.shape == (8, 4)
+  assert [e["id"] for e in ro.examples] == [0] * 4 + [1] * 4
+  np.testing.assert_array_equal(ro.prompt[4:, 2:], [[7, 8]] * 4)
+  assert len({tuple(r) for r in ro.tokens[:4].tolist()}) > 1  # the group's samples differ
+  for text, m in zip(ro.texts, ro.completion_mask):
+    assert text.count("e") <= 1 and ("e" not in text or text.endswith("e")) and len(text) == m.sum()
+  logp, _ = losses.completion_logprobs(params, cfg, jnp.asarray(ro.prompt), jnp.asarray(ro.prompt_mask),
+                                       jnp.asarray(ro.tokens), 1.0)
+  np.testing.assert_allclose(ro.logp, np.asarray(logp) * ro.completion_mask, atol=1e-5)
+
+
+def test_first_unclipped_update_is_the_policy_gradient(tiny):
+  cfg, params = tiny
+  ro = sample_rollout(params, cfg, [[3, 4, 5], [9, 2, 1]], [{}, {}], group_size=3, max_new_tokens=6,
+                      key=jax.random.key(2), temperature=0.7, stop_tokens=[5])
+  adv = group_advantages(np.arange(6, dtype=np.float32) % 4, 3)
+  batch = as_batch(ro, adv)
+  for rule in losses.AGGREGATIONS:
+    lf = losses.grpo_loss_fn(cfg, aggregation=rule, max_len=6, temperature=0.7, clip_low=0.2, clip_high=0.28)
+
+    def grpo(p):
+      s, w = lf(p, batch, None)
+      return s / w
+
+    def reinforce(p):
+      logp, _ = losses.completion_logprobs(p, cfg, batch["prompt"], batch["prompt_mask"], batch["tokens"], 0.7)
+      s, w = losses.aggregate(-jnp.asarray(adv)[:, None] * logp, batch["completion_mask"], rule, 6)
+      return s / w
+    g1, g2 = jax.grad(grpo)(params), jax.grad(reinforce)(params)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-4 * float(np.abs(b).max()) + 1e-9)
+
+
+def test_prompt_cycle_positions():
+  src = PromptCycle([{"prompt": [i + 1]} for i in range(3)], 2)
+  assert src.prompts(next(src)) == [[1], [2]]
+  state = src.get_state()
+  assert src.prompts(next(src)) == [[3], [1]]
+  src.set_state(state)
+  assert src.prompts(next(src)) == [[3], [1]]
