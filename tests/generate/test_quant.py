@@ -1,5 +1,6 @@
 """Weight-only int8 / bf16 kernels (jaxlab.generate.quant) against closed forms computed in NumPy from the
-stored integers and scales, the plain fp32 forward on the dequantized weights, and a full recompute."""
+stored integers, scales and offsets (per output channel and per group, each scheme), GGML-style Q4_1 / Q8_0
+blocks reproduced, the plain fp32 forward on the dequantized weights, and a full recompute."""
 import numpy as np
 import pytest
 
@@ -18,8 +19,11 @@ def _dequantized_params(qparams):
     if not isinstance(x, quant.QKernel):
       return x
     w = np.asarray(x.w_OI, np.float32)
-    if x.scale_O is not None:
-      w = w * np.asarray(x.scale_O)[..., None]
+    if x.scale_OG is not None:
+      g = w.shape[-1] // x.scale_OG.shape[-1]
+      w = w * np.repeat(np.asarray(x.scale_OG), g, axis=-1)
+      if x.zero_OG is not None:
+        w = w + np.repeat(np.asarray(x.zero_OG), g, axis=-1)
     return jnp.asarray(np.swapaxes(w, -1, -2))
   return jax.tree.map(deq, qparams, is_leaf=lambda x: isinstance(x, quant.QKernel))
 
@@ -28,14 +32,71 @@ def test_int8_kernel_closed_form():
   w = np.random.default_rng(0).normal(0, 0.3, (3, 40, 24)).astype(np.float32)
   w[1, :, 5] = 0.0  # an all-zero output channel must not divide by zero
   qk = quant.quantize_kernel(w, "int8")
-  q, scale = np.asarray(qk.w_OI), np.asarray(qk.scale_O)
-  assert q.dtype == np.int8 and q.shape == (3, 24, 40) and qk.shape == (3, 40, 24)
+  q, scale = np.asarray(qk.w_OI), np.asarray(qk.scale_OG)[..., 0]
+  assert q.dtype == np.int8 and q.shape == (3, 24, 40) and qk.shape == (3, 40, 24) and qk.group == 40
   amax = np.abs(w).max(axis=1)
   np.testing.assert_allclose(scale, np.where(amax > 0, amax / 127, 1.0), rtol=1e-6)
   np.testing.assert_array_equal(q, np.clip(np.round(np.swapaxes(w, 1, 2) / scale[..., None]), -127, 127))
   assert np.abs(q).max() == 127
   err = np.abs(np.asarray(qk.dequantize()) - w)
   assert (err <= scale[:, None, :] / 2 + 1e-7).all()
+
+
+def _numpy_groups(w_IO, group, scheme):
+  """NumPy oracle: (q [O, I], scale [O, G], zero [O, G] or None) of quantize_kernel(w, "int8", group, scheme)."""
+  w = w_IO.T.astype(np.float64).reshape(w_IO.shape[1], -1, group)
+  amax = np.abs(w).max(-1)
+  s_sym = np.where(amax > 0, amax / 127, 1.0)
+  q_sym = np.clip(np.round(w / s_sym[..., None]), -127, 127)
+  lo, hi = w.min(-1), w.max(-1)
+  s_asym = np.where(hi > lo, (hi - lo) / 255, 1.0)
+  q_asym = np.clip(np.round((w - lo[..., None]) / s_asym[..., None]), 0, 255)
+  if scheme == "sym":
+    return q_sym.reshape(w_IO.T.shape), s_sym, None
+  if scheme == "best":
+    err_sym = ((q_sym * s_sym[..., None] - w) ** 2).sum(-1)
+    sym = err_sym < ((q_asym * s_asym[..., None] + lo[..., None] - w) ** 2).sum(-1)
+    q_asym = np.where(sym[..., None], q_sym + 128, q_asym)
+    s_asym, lo = np.where(sym, s_sym, s_asym), np.where(sym, -128 * s_sym, lo)
+  return q_asym.reshape(w_IO.T.shape), s_asym, lo
+
+
+@pytest.mark.parametrize("scheme", quant.SCHEMES)
+@pytest.mark.parametrize("group", [8, 32])
+def test_int8_groups_closed_form(group, scheme):
+  rng = np.random.default_rng(3)
+  w = (rng.normal(0, 0.3, (64, 24)) + rng.normal(0, 0.2, (1, 24))).astype(np.float32)  # offsets: asym helps
+  w[:, 7] = 0.0
+  qk = quant.quantize_kernel(w, "int8", group=group, scheme=scheme)
+  q_ref, s_ref, z_ref = _numpy_groups(w, group, scheme)
+  assert qk.group == group and qk.scale_OG.shape == (24, 64 // group)
+  assert qk.w_OI.dtype == (np.int8 if scheme == "sym" else np.uint8)
+  np.testing.assert_allclose(np.asarray(qk.scale_OG), s_ref, rtol=1e-6)
+  assert (z_ref is None) == (qk.zero_OG is None)
+  if z_ref is not None:
+    np.testing.assert_allclose(np.asarray(qk.zero_OG), z_ref, rtol=1e-6, atol=1e-7)
+  # Rounding can land on the other side of a .5 in float32: at most one level apart, and rarely.
+  diff = np.abs(np.asarray(qk.w_OI, np.int32) - q_ref)
+  assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+  err = np.abs(np.asarray(qk.dequantize()) - w)
+  assert (err <= np.repeat(np.asarray(qk.scale_OG), group, axis=1).T / 2 + 1e-6).all()
+  sym_err = np.abs(np.asarray(quant.quantize_kernel(w, "int8", group=group, scheme="sym").dequantize()) - w)
+  if scheme != "sym":  # min-max and the per-group best are no worse than absmax here (squared error)
+    assert (err ** 2).sum() <= (sym_err ** 2).sum() + 1e-9
+
+
+def test_int8_best_reproduces_ggml_blocks():
+  """Blocks of 32 inputs as GGML stores them: Q4_1 (d * q + m, q in 0..15) and Q8_0 (d * q, |q| <= 127)."""
+  rng = np.random.default_rng(4)
+  d = rng.uniform(0.01, 0.02, (16, 2))
+  q4 = rng.integers(0, 16, (16, 2, 32))
+  q4[..., 0], q4[..., 1] = 0, 15  # the block's min and max are on the grid, as Q4_1's min-max fit makes them
+  q8 = rng.integers(-127, 128, (16, 2, 32))
+  q8[..., 0] = 127
+  for w_OGJ in (d[..., None] * q4 + rng.uniform(-0.1, 0.0, (16, 2, 1)), d[..., None] * q8):
+    w = w_OGJ.reshape(16, 64).T.astype(np.float32)
+    err = np.abs(np.asarray(quant.quantize_kernel(w, "int8", group=32, scheme="best").dequantize()) - w)
+    assert err.max() < 4 * np.finfo(np.float32).eps * np.abs(w).max()
 
 
 @pytest.mark.parametrize("mode", ["int8", "bf16"])
@@ -45,11 +106,12 @@ def test_kernel_matmul_equals_dequantized_product(mode, rows, reduce_rows, monke
   monkeypatch.setattr(quant, "REDUCE_ROWS", reduce_rows)
   rng = np.random.default_rng(1)
   w, x = rng.normal(0, 0.3, (64, 48)).astype(np.float32), rng.normal(0, 1, (rows, 64)).astype(np.float32)
-  qk = quant.quantize_kernel(w, mode)
-  ref = x.astype(np.float64) @ np.asarray(_dequantized_params({"k": qk})["k"], np.float64)
-  got = jax.jit(lambda x, k: x @ k)(jnp.asarray(x), qk)
-  assert got.shape == (rows, 48) and got.dtype == jnp.float32
-  np.testing.assert_allclose(np.asarray(got), ref, atol=1e-5, rtol=1e-5)
+  for group, scheme in ((0, "sym"), (16, "sym"), (16, "asym"), (32, "best")):
+    qk = quant.quantize_kernel(w, mode, group=group, scheme=scheme)
+    ref = x.astype(np.float64) @ np.asarray(_dequantized_params({"k": qk})["k"], np.float64)
+    got = jax.jit(lambda x, k: x @ k)(jnp.asarray(x), qk)
+    assert got.shape == (rows, 48) and got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), ref, atol=1e-5, rtol=1e-5)
   if mode == "bf16":
     np.testing.assert_array_equal(np.asarray(qk.w_OI), np.asarray(jnp.asarray(w.T).astype(jnp.bfloat16)))
 
@@ -100,3 +162,23 @@ def test_modes_are_validated(model):
     quant.quantize(params, "int4")
   with pytest.raises(ValueError, match="weights must be one of"):
     sample(params, cfg, PROMPTS, 4, weights="fp16")
+
+
+def test_head_options_and_per_kernel_group_fallback(model):
+  cfg, params = model  # d_model 64 (groups of 32 fit), d_ff 176 (they do not: the down kernel gets row scales)
+  q = quant.quantize(params, "int8", group=32, scheme="sym")
+  assert q["layers"]["attn"]["q"]["kernel"].group == 32 and q["layers"]["mlp"]["down"]["kernel"].group == 176
+  keep = quant.quantize(params, "int8", head="fp32")
+  if cfg.tie_embeddings:
+    assert "lm_head" not in keep
+  else:
+    assert not isinstance(keep["lm_head"]["kernel"], quant.QKernel)
+    np.testing.assert_array_equal(np.asarray(keep["lm_head"]["kernel"]), np.asarray(params["lm_head"]["kernel"]))
+  half = quant.quantize(params, "int8", head="bf16")["lm_head"]["kernel"]
+  assert half.w_OI.dtype == jnp.bfloat16 and half.scale_OG is None
+  tokens = jnp.asarray(np.random.default_rng(5).integers(0, 128, (2, 9)), jnp.int32)
+  for qp in (keep, quant.quantize(params, "int8", head="bf16")):
+    ref = tfm.forward(_dequantized_params(qp), tokens, cfg).logits
+    np.testing.assert_allclose(np.asarray(tfm.forward(qp, tokens, cfg).logits), np.asarray(ref), atol=2e-5, rtol=1e-4)
+  with pytest.raises(ValueError, match="scheme must be one of"):
+    quant.quantize(params, "int8", scheme="nf4")
