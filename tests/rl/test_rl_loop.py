@@ -139,6 +139,13 @@ def test_sharded_update_equals_single_device():
   np.testing.assert_allclose(kl1, kl0, rtol=1e-4, atol=1e-8)
   for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p0)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  # The whole loop on the mesh: rollouts from sharded params, the batch sharded over rows.
+  spec = "data:2,fsdp:2,tensor:2"
+  state, ref, step, prompts = setup(spec=spec, rules="fsdp_tp", opt="sgd")
+  want = state.params["layers"]["mlp"]["up"]["kernel"].sharding
+  out = rl_loop.rl_loop(state, CFG, GCFG, step, prompts, reward, 1, ref_params=ref, mesh=shd.make_mesh(spec))
+  assert out.history[0]["updates"] == 2 and np.isfinite(out.history[0]["loss"])
+  assert out.state.params["layers"]["mlp"]["up"]["kernel"].sharding == want
 
 
 if __name__ == "__main__":
