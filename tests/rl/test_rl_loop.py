@@ -66,6 +66,7 @@ def _worker(ckpt_dir):
                   metrics_path=os.path.join(ckpt_dir, "..", "metrics.jsonl"))
 
 
+@pytest.mark.slow
 def test_resume_after_kill_is_bit_exact(tmp_path):
   env = dict(os.environ, JAXLAB_NO_PROGRESS="1")
   proc = subprocess.run([sys.executable, __file__, str(tmp_path / "ckpt")], env=env, capture_output=True, text=True,
