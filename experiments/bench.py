@@ -8,7 +8,7 @@ so both compute the same function; the report includes their initial losses / gr
 
   python -m experiments bench train_step [--model llama-60m --batch 8 --seq 256 --steps 3] [--out f.json]
   python -m experiments bench generate [--model llama-60m|smollm2-135m-instruct|PATH --new-tokens 128 --batches 1,8
-      --weights fp32,bf16,int8] [--out f.json]
+      --weights fp32,bf16,int8,int8:0:sym --prompts random|chat] [--out f.json]
   python -m experiments bench input --tokenizer DIR [--corpus stdlib --batch 512 --seq 256 --read-threads 0,2,4]
 """
 from __future__ import annotations
@@ -173,6 +173,37 @@ def _generate_models(spec: str, dtype: str, want_hf: bool):
   return cfg, params, hf_model, (path if path.endswith(".gguf") else None)
 
 
+CHAT_MESSAGES = (
+    "What is the capital of France, and what is it famous for?",
+    "Write a short poem about the sea.",
+    "Explain in simple terms how a rainbow forms.",
+    "Give me three tips for staying focused while studying.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarize the plot of Romeo and Juliet in a few sentences.",
+    "How do I make a cup of green tea?",
+    "Why is the sky blue?",
+)
+
+
+def _chat_prompts(path: str, n: int) -> list[list[int]]:
+  """The first n of CHAT_MESSAGES (cycled) as one-turn chats in the model's own template, token ids."""
+  from jaxlab import data
+  tok = data.load_tokenizer(path)
+  msgs = [CHAT_MESSAGES[i % len(CHAT_MESSAGES)] for i in range(n)]
+  return [tok.encode(tok.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True))
+          for m in msgs]
+
+
+def _weights_variant(params, spec: str):
+  """'fp32', 'bf16', 'int8' (quant.INT8) or 'int8:GROUP[:SCHEME[:HEAD]]' -> quantized params."""
+  from jaxlab.generate import quant
+  mode, *rest = spec.split(":")
+  kw = dict(zip(("group", "scheme", "head"), rest))
+  if "group" in kw:
+    kw["group"] = int(kw["group"])
+  return quant.quantize(params, mode, **kw)
+
+
 def _llama_cpp_rate(path: str, prompt, new_tokens: int, threads: int, repeats: int):
   """Greedy tokens/s of llama.cpp (llama-cpp-python) on the original GGUF file, batch 1; None if not installed."""
   try:
@@ -197,13 +228,19 @@ def bench_generate(argv) -> dict:
   """Greedy generation throughput (new tokens/s over the batch): jaxlab.generate.sample with fp32, bf16 and
   int8 weights against HF generate (fp32, same weights) and, for a GGUF model with llama-cpp-python installed,
   llama.cpp on the original file (batch 1). Variants run in alternating rounds in one process; the best round
-  of each is reported, with ratios and greedy-token agreement (with fp32 jaxlab, and HF with fp32 jaxlab)."""
+  of each is reported, with ratios and greedy-token agreement: the fraction of the [batch, new_tokens]
+  positions whose token equals fp32 jaxlab's (stop tokens off, so every row runs to new_tokens). Prompts are
+  random token ids (`--prompts random`) or, for a model with a tokenizer and chat template (a GGUF file), the
+  first `batch` of CHAT_MESSAGES as one-turn chats (`--prompts chat`, left-padded to a common length)."""
   p = _parser("generate")
   p.set_defaults(model="llama-60m")
   p.add_argument("--new-tokens", type=int, default=128)
   p.add_argument("--prompt-len", type=int, default=16)
   p.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
-  p.add_argument("--weights", default="fp32,bf16,int8", help="comma-separated jaxlab weight modes")
+  p.add_argument("--weights", default="fp32,bf16,int8",
+                 help="comma-separated jaxlab weight modes: fp32, bf16, int8 or int8:GROUP[:SCHEME[:HEAD]]")
+  p.add_argument("--prompts", default="random", choices=["random", "chat"],
+                 help="random token ids, or chat prompts in the model's template (a GGUF model)")
   p.add_argument("--repeats", type=int, default=2, help="timed rounds (each runs every variant once)")
   p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when it is installed")
   args = p.parse_args(argv)
@@ -213,29 +250,41 @@ def bench_generate(argv) -> dict:
     modes.insert(0, "fp32")
   cfg, params, hf_model, gguf = _generate_models(args.model, args.dtype, not args.no_hf)
   cfg = cfg.replace(eos_token_id=None)
+  if args.prompts == "chat" and not gguf:
+    raise SystemExit("--prompts chat needs a GGUF model (its tokenizer and chat template)")
   out = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
+         "prompts": args.prompts,
          "params": tfm.num_params(params), "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
          "load_avg_1m_start": os.getloadavg()[0]}
-  qparams = {m: quant.quantize(params, m) for m in modes}
+  qparams = {m: _weights_variant(params, m) for m in modes}
   out.update({f"jax_{m}_weight_bytes": quant.weight_bytes(q) for m, q in qparams.items()})
   if hf_model is not None:
     import torch
     torch.set_num_threads(args.threads)
     out["torch_threads"] = torch.get_num_threads()
   for b in (int(x) for x in args.batches.split(",")):
-    prompt = np.random.default_rng(b).integers(0, cfg.vocab_size, (b, args.prompt_len)).astype(np.int32)
+    if args.prompts == "chat":
+      rows = _chat_prompts(gguf, b)
+      t = max(len(r) for r in rows)
+      prompt = np.array([[0] * (t - len(r)) + r for r in rows], np.int32)
+      mask = np.array([[0] * (t - len(r)) + [1] * len(r) for r in rows], np.int32)
+    else:
+      prompt = np.random.default_rng(b).integers(0, cfg.vocab_size, (b, args.prompt_len)).astype(np.int32)
+      mask = np.ones_like(prompt)
+    out[f"b{b}_prompt_tokens"] = int(mask.sum())
     runs, tokens = {}, {}
     for m in modes:
-      runs[f"jax_{m}"] = lambda q=qparams[m]: np.asarray(sample(q, cfg, prompt, args.new_tokens).tokens)
+      runs[f"jax_{m}"] = lambda q=qparams[m]: np.asarray(
+          sample(q, cfg, prompt, args.new_tokens, prompt_mask=mask).tokens)
     if hf_model is not None:
       import torch
       ids = torch.from_numpy(prompt.astype(np.int64))
       kw = dict(max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens, do_sample=False,
-                attention_mask=torch.ones_like(ids), pad_token_id=0)
+                attention_mask=torch.from_numpy(mask.astype(np.int64)), pad_token_id=0)
 
       def hf_run():
         with torch.inference_mode():
-          return hf_model.generate(ids, **kw)[:, args.prompt_len:].numpy()
+          return hf_model.generate(ids, **kw)[:, prompt.shape[1]:].numpy()
       runs["hf"] = hf_run
     for name, fn in runs.items():  # compiles the jax programs
       t0 = time.perf_counter()
@@ -253,7 +302,7 @@ def bench_generate(argv) -> dict:
       if name != "hf" and "hf" in runs:
         out[f"{name}_b{b}_speedup_vs_hf"] = best["hf"] / best[name]
     if b == 1 and gguf and not args.no_llama_cpp:
-      rate, toks = _llama_cpp_rate(gguf, prompt[0], args.new_tokens, args.threads, args.repeats)
+      rate, toks = _llama_cpp_rate(gguf, prompt[0][mask[0] > 0], args.new_tokens, args.threads, args.repeats)
       if rate is not None:
         out["llama_cpp_b1_tokens_per_s"] = rate
         out["llama_cpp_b1_agreement_with_jax_fp32"] = float(np.mean(toks == tokens["jax_fp32"][0, :len(toks)]))
