@@ -258,8 +258,8 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
     return_logits: also return the raw logits of every step in `SampleOutput.logits`.
     return_logprobs: also return each new token's log-probability under `log_softmax(logits / temperature)`
       in `SampleOutput.logprobs` (what a teacher-forced forward over `sequences` scores; RL's old log-probs).
-    weights: "fp32" (the params as given), "bf16" or "int8": weight-only bf16 / per-output-channel int8
-      matmul kernels (`quant.quantize`), dequantized inside each matmul.
+    weights: "fp32" (the params as given), "bf16" or "int8": weight-only bf16 / int8 matmul kernels
+      (`quant.quantize`; int8 with the per-group scales of `quant.INT8`), dequantized inside each matmul.
 
   Returns:
     SampleOutput(tokens [B, N], lengths [B], sequences [B, T + N], prompt_mask [B, T], logits,
