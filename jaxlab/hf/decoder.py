@@ -1,7 +1,7 @@
 """HF <-> jaxlab for the decoder-LM family: llama, mistral, qwen2, qwen3, olmo2."""
 from __future__ import annotations
 
-from jaxlab.hf.family import Family, Tensor
+from jaxlab.hf.spec import Family, Tensor
 from jaxlab.models import transformer as tfm
 from jaxlab.nn.rope import Rope
 

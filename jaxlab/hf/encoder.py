@@ -8,7 +8,7 @@ transformers `BertConfig` defaults.
 """
 from __future__ import annotations
 
-from jaxlab.hf.family import Family, Tensor
+from jaxlab.hf.spec import Family, Tensor
 from jaxlab.models import encoder
 
 BERT_DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,

@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxlab.data import gguf_vocab
 from jaxlab.hf import decoder as _decoder
-from jaxlab.hf import family as _family
+from jaxlab.hf import spec as _spec
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")  # general.architecture values this loader maps
 PERMUTED_QK = ("llama",)  # architectures whose q/k rows llama.cpp permutes
@@ -174,17 +174,17 @@ def load(path, dtype=None, reader=None):
   if unknown:
     raise ValueError(f"{path}: GGUF tensors with no {d['model_type']} counterpart: {unknown[:5]}")
   by_hf = {hf_name(n): t for n, t in tensors.items()}
-  _family.check(_decoder.FAMILY, cfg, {k: jax.ShapeDtypeStruct(_shape(t), np.float32) for k, t in by_hf.items()},
+  _spec.check(_decoder.FAMILY, cfg, {k: jax.ShapeDtypeStruct(_shape(t), np.float32) for k, t in by_hf.items()},
                 path)
 
   pdt = np.dtype(ml_dtypes.bfloat16 if str(dtype) in ("bfloat16", "bf16") else dtype or np.float32)
-  name = _family.dtype_name(pdt)
+  name = _spec.dtype_name(pdt)
   if name not in ("float32", "bfloat16", "float16"):
     raise ValueError(f"dtype must be float32, bfloat16 or float16, found {dtype!r}")
   cfg = cfg.replace(param_dtype=name)
   permuted = d["model_type"] in PERMUTED_QK
   heads = {"q_proj": cfg.n_heads, "k_proj": cfg.kv_heads}
-  shapes = _family.expected_shapes(_decoder.FAMILY, cfg)
+  shapes = _spec.expected_shapes(_decoder.FAMILY, cfg)
   params: dict = {}
   for t in _decoder.tensors(cfg):
     per_layer = "{i}" in t.hf
@@ -196,7 +196,7 @@ def load(path, dtype=None, reader=None):
       w = np.ascontiguousarray(w.T if t.transpose else w, pdt)
       arr = _put_layer(arr, np.int32(i), w) if per_layer else jnp.asarray(w)
       del w
-    _family._set(params, t.path, arr)
+    _spec.set_path(params, t.path, arr)
   return cfg, params
 
 

@@ -20,7 +20,7 @@ logits are Dream's, unshifted LLaDA's.
 from __future__ import annotations
 
 from jaxlab.hf import decoder
-from jaxlab.hf.family import Family, Tensor
+from jaxlab.hf.spec import Family, Tensor
 from jaxlab.models import mdm
 from jaxlab.nn.rope import Rope
 

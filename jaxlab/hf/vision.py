@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from jaxlab.hf import decoder
-from jaxlab.hf.family import Family, Tensor
+from jaxlab.hf.spec import Family, Tensor
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vit, vlm
 
