@@ -74,20 +74,21 @@ def test_first_unclipped_update_is_the_policy_gradient(tiny):
                       key=jax.random.key(2), temperature=0.7, stop_tokens=[5])
   adv = group_advantages(np.arange(6, dtype=np.float32) % 4, 3)
   batch = as_batch(ro, adv)
-  for rule in losses.AGGREGATIONS:
-    lf = losses.grpo_loss_fn(cfg, aggregation=rule, max_len=6, temperature=0.7, clip_low=0.2, clip_high=0.28)
 
-    def grpo(p):
-      s, w = lf(p, batch, None)
-      return s / w
+  def grpo(p, rule):
+    s, w = losses.grpo_loss_fn(cfg, aggregation=rule, max_len=6, temperature=0.7, clip_low=0.2,
+                               clip_high=0.28)(p, batch, None)
+    return s / w
 
-    def reinforce(p):
-      logp, _ = losses.completion_logprobs(p, cfg, batch["prompt"], batch["prompt_mask"], batch["tokens"], 0.7)
-      s, w = losses.aggregate(-jnp.asarray(adv)[:, None] * logp, batch["completion_mask"], rule, 6)
-      return s / w
-    g1, g2 = jax.grad(grpo)(params), jax.grad(reinforce)(params)
+  def reinforce(p, rule):
+    logp, _ = losses.completion_logprobs(p, cfg, batch["prompt"], batch["prompt_mask"], batch["tokens"], 0.7)
+    s, w = losses.aggregate(-jnp.asarray(adv)[:, None] * logp, batch["completion_mask"], rule, 6)
+    return s / w
+  grads = jax.jit(lambda p: {r: (jax.grad(grpo)(p, r), jax.grad(reinforce)(p, r)) for r in losses.AGGREGATIONS})
+  for rule, (g1, g2) in grads(params).items():
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-4 * float(np.abs(b).max()) + 1e-9)
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-3, atol=1e-4 * float(np.abs(b).max()) + 1e-9,
+                                 err_msg=rule)
 
 
 def test_prompt_cycle_positions():

@@ -2,7 +2,6 @@
 several updates, no reference forward at beta 0, and the sharded update equal to the single-device one.
 
 Run as a script (`python test_rl_loop.py CKPT_DIR`) this file is the worker that the kill test kills."""
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,6 @@ import optax
 import pytest
 
 import jax
-import jax.numpy as jnp
 
 from jaxlab import sharding as shd
 from jaxlab.models import transformer as tfm
