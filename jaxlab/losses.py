@@ -13,7 +13,9 @@ accumulated sums, so microbatched and full-batch updates agree. Here:
   dpo_loss         DPO (arXiv 2305.18290) sigmoid loss on sequence log-probs; `ipo_loss` IPO (arXiv 2310.12036)
   dpo_loss_fn      DPO or IPO of a decoder LM on chosen/rejected pairs, + alpha * NLL of the chosen completions
   sft_loss_fn      completion-only next-token loss (`completion_loss_mask` leaves prompt tokens out)
-Next to come: Bradley-Terry reward modelling, process reward models (PRM) and contrastive (InfoNCE) losses.
+  prm_step_loss    process-reward step labels at step separators (value head: sigmoid BCE; step head: 2-class CE)
+  prm_loss_fn      a PRM (`jaxlab.models.heads` on a decoder LM, the LM frozen or trained) on step-labelled batches
+Next to come: Bradley-Terry reward modelling and contrastive (InfoNCE) losses.
 
 GRPO aggregation rules, for a per-token loss l over completion tokens (mask m), as `(loss_sum, weight)`:
   "seq_mean"    mean over tokens of each sequence, then over sequences (GRPO): sum_b mean_t l, weight B
@@ -31,7 +33,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
-from jaxlab.models import mdm
+from jaxlab.models import heads, mdm
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vlm
 
@@ -353,4 +355,30 @@ def sft_loss_fn(cfg: tfm.Config) -> LossFn:
       raise ValueError("sft_loss_fn needs batch['loss_mask'] (completion_loss_mask); found keys "
                        f"{sorted(batch)}")
     return inner(params, batch, rng)
+  return loss_fn
+
+
+# ------------------------------------------------------------------------------------------------- PRM
+
+def prm_step_loss(logits_BTC, labels_BT, steps_BT):
+  """(summed step loss, number of steps): at positions where `steps_BT` is 1, the label (1 right, 0 wrong) under
+  sigmoid BCE for one logit (value head) or 2-class cross-entropy for two (step head: class 1 = right)."""
+  z = logits_BTC.astype(jnp.float32)
+  y = labels_BT.astype(jnp.float32)
+  m = steps_BT.astype(jnp.float32)
+  if z.shape[-1] == 1:
+    per = jnp.maximum(z[..., 0], 0) - z[..., 0] * y + jnp.log1p(jnp.exp(-jnp.abs(z[..., 0])))
+  else:
+    per = -jnp.take_along_axis(jax.nn.log_softmax(z, -1), labels_BT[..., None].astype(jnp.int32), -1)[..., 0]
+  return jnp.sum(per * m), jnp.sum(m)
+
+
+def prm_loss_fn(lm_cfg: tfm.Config, head_cfg: heads.Config, freeze_lm: bool = True) -> LossFn:
+  """PRM loss on params {"lm", "head"} and batches {tokens, mask, labels, steps} [B, T] (labels read where steps
+  is 1, e.g. `heads.separator_mask`); `freeze_lm` stops gradients into the LM (head-only training)."""
+  def loss_fn(params, batch, rng):
+    del rng
+    lm = jax.lax.stop_gradient(params["lm"]) if freeze_lm else params["lm"]
+    h = heads.hidden_states(lm, lm_cfg, batch["tokens"], batch.get("mask"))
+    return prm_step_loss(heads.logits(params["head"], head_cfg, h), batch["labels"], batch["steps"])
   return loss_fn
