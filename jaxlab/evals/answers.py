@@ -3,7 +3,8 @@
 `extract_answer` reads the final number of a completion (after "####", "The answer is", or the last "=" of
 its first line; else the last number, or the first line for non-numeric answers); `extract_choice` the first
 commonsense answer word; `exact_match` compares them with a gold answer after
-`jaxlab.data.tasks.arithmetic.normalize`.
+`jaxlab.data.tasks.arithmetic.normalize`. `extract_tagged` reads `<answer>...</answer>` or `\\boxed{...}`
+(the RL rewards' format).
 """
 from __future__ import annotations
 
@@ -56,3 +57,17 @@ def accuracy(completions: Sequence[str], examples: Sequence[Example]) -> float:
   if not examples:
     return float("nan")
   return float(np.mean([exact_match(c, e.answer) for c, e in zip(completions, examples)]))
+
+
+_ANSWER = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
+_BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
+
+
+def extract_tagged(text: str) -> str | None:
+  """The last `<answer>...</answer>` content (stripped; reasoning-gym's answer format), else the last
+  `\\boxed{...}` content, else None."""
+  hits = _ANSWER.findall(text)
+  if hits:
+    return hits[-1].strip()
+  boxed = _BOXED.findall(text)
+  return boxed[-1].strip() if boxed else None

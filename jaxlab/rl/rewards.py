@@ -2,8 +2,8 @@
 
 A `RewardFn` maps decoded completions and their examples (the prompt's dict: answer, metadata ...) to one float
 per completion. Exact answers use reasoning-gym's own scorer (`dataset.score_answer`; arXiv 2505.24760) or
-string equality after an extractor; the default extractor takes the last `<answer>...</answer>` (as
-reasoning-gym's `extract_answer`), else the last `\\boxed{...}`. A model-based reward (e.g. a process reward
+string equality after an extractor; the default extractor is `jaxlab.evals.answers.extract_tagged` (the last
+`<answer>...</answer>`, else the last `\\boxed{...}`). A model-based reward (e.g. a process reward
 model) is any `score(texts, examples) -> [B]`, wrapped by `model_reward`.
 """
 from __future__ import annotations
@@ -13,26 +13,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from jaxlab.evals.answers import extract_tagged
+
 RewardFn = Callable[[Sequence[str], Sequence[dict]], np.ndarray]
-
-_ANSWER = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
-_BOXED = re.compile(r"\\boxed\{([^{}]*(?:\{[^{}]*\}[^{}]*)*)\}")
-
-
-def extract_answer(text: str) -> str | None:
-  """The last `<answer>...</answer>` content (stripped), else the last `\\boxed{...}` content, else None."""
-  hits = _ANSWER.findall(text)
-  if hits:
-    return hits[-1].strip()
-  boxed = _BOXED.findall(text)
-  return boxed[-1].strip() if boxed else None
-
 
 def _normalize(s: Any) -> str:
   return " ".join(str(s).strip().split()).rstrip(".").lower()
 
 
-def exact_answer(extract: Callable[[str], str | None] = extract_answer, key: str = "answer") -> RewardFn:
+def exact_answer(extract: Callable[[str], str | None] = extract_tagged, key: str = "answer") -> RewardFn:
   """1.0 where `extract(text)` equals `example[key]` (whitespace, case and a final period ignored), else 0.0."""
   def reward(texts, examples):
     out = []
@@ -43,7 +32,7 @@ def exact_answer(extract: Callable[[str], str | None] = extract_answer, key: str
   return reward
 
 
-def reasoning_gym_answer(dataset, extract: Callable[[str], str | None] = extract_answer) -> RewardFn:
+def reasoning_gym_answer(dataset, extract: Callable[[str], str | None] = extract_tagged) -> RewardFn:
   """reasoning-gym's scorer: `dataset.score_answer(answer=extract(text), entry=example)` (partial credit kept).
 
   Args:

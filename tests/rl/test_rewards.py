@@ -3,13 +3,14 @@ scores and weighted sums."""
 import numpy as np
 import pytest
 
+from jaxlab.evals import answers
 from jaxlab.rl import rewards
 
 
 def test_extract_and_exact_answer():
-  assert rewards.extract_answer("so <answer> 42 </answer> then <answer>43</answer>") == "43"
-  assert rewards.extract_answer(r"thus \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
-  assert rewards.extract_answer("no answer") is None
+  assert answers.extract_tagged("so <answer> 42 </answer> then <answer>43</answer>") == "43"
+  assert answers.extract_tagged(r"thus \boxed{\frac{1}{2}}.") == r"\frac{1}{2}"
+  assert answers.extract_tagged("no answer") is None
   fn = rewards.exact_answer()
   got = fn(["<answer>Paris.</answer>", "<answer>Lyon</answer>", "Paris"], [{"answer": "paris"}] * 3)
   np.testing.assert_array_equal(got, [1.0, 0.0, 0.0])
