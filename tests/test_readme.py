@@ -1,6 +1,8 @@
-"""The README's Python blocks run as written (in order, one namespace, from an empty working directory)."""
+"""The README's Python blocks run as written (in order, one namespace, from an empty working directory); the
+block that runs the sandbox is left out where bubblewrap is not installed (the README says it is needed)."""
 import os
 import re
+import shutil
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -12,4 +14,6 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   namespace = {"__name__": "readme"}
   for i, block in enumerate(blocks):
+    if "sandbox.run(" in block and shutil.which("bwrap") is None:
+      continue
     exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)  # noqa: S102
