@@ -32,7 +32,7 @@ import numpy as np
 
 from jaxlab.generate import quant
 from jaxlab.models import transformer as tfm
-from jaxlab.nn import attention as attn_lib, layers, rope as rope_lib
+from jaxlab.nn import layers
 
 _TRACES = [0]  # incremented each time the generation program is traced (tests count recompilations)
 
@@ -117,17 +117,7 @@ def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT,
   b, t = x.shape[:2]
   valid_BT = attention_mask_BT.astype(bool)
   index = cache["index"]
-  positions_BT = jnp.cumsum(valid_BT, axis=1) - 1 + jnp.max(cache["pos"], axis=1, keepdims=True) + 1
-  positions_BT = jnp.maximum(positions_BT, 0)
-  q_pos = jnp.where(valid_BT, positions_BT, -1)
-  k_pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], q_pos.astype(jnp.int32), index, axis=1)
-  mask = k_pos[:, None, :] >= 0
-  if cfg.causal:
-    mask &= attn_lib.causal_mask(positions_BT, k_pos, cfg.sliding_window)
-  elif cfg.sliding_window is not None:
-    mask &= jnp.abs(positions_BT[:, :, None] - k_pos[:, None, :]) < cfg.sliding_window
-  seq_len = jnp.max(k_pos) + 1 if cfg.rope.type == "dynamic" else None
-  cos, sin = rope_lib.cos_sin(cfg.rope, cfg.kdim, cfg.max_position_embeddings, positions_BT, seq_len)
+  k_pos, mask, cos, sin = tfm.positions_and_mask(cfg, valid_BT, cache)
   ks, vs = [], []
   for i, p in enumerate(params["layers"]):
     slot = (cache["k"][i][None], cache["v"][i][None], 0)  # a one-slot [1, B, G, S, K] cache for this layer

@@ -236,6 +236,35 @@ def _check_program(program, cfg: Config):
   return prog
 
 
+def positions_and_mask(cfg: Config, valid_BT, cache=None, positions_BT=None, attn_mask_BTS=None):
+  """(k_pos [B, S], mask [B, T, S], rotary cos, sin) of a forward pass, as `forward` computes them.
+
+  Positions default to the cumulative count of real tokens (left padding aware), continuing after the cache's
+  last written position; `k_pos` is the keys' positions (-1: never attended), the cache's with this step's
+  written at its index; the mask combines them with causality or the sliding window and `attn_mask_BTS`.
+  """
+  if positions_BT is None:
+    positions_BT = jnp.cumsum(valid_BT, axis=1) - 1
+    if cache is not None:  # continue after the last real position written so far
+      positions_BT = positions_BT + jnp.max(cache["pos"], axis=1, keepdims=True) + 1
+    positions_BT = jnp.maximum(positions_BT, 0)
+  q_pos = jnp.where(valid_BT, positions_BT, -1)
+  if cache is None:
+    k_pos = q_pos
+  else:
+    k_pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], q_pos.astype(jnp.int32), cache["index"], axis=1)
+  mask = k_pos[:, None, :] >= 0
+  if cfg.causal:
+    mask &= attn_lib.causal_mask(positions_BT, k_pos, cfg.sliding_window)
+  elif cfg.sliding_window is not None:
+    mask &= jnp.abs(positions_BT[:, :, None] - k_pos[:, None, :]) < cfg.sliding_window
+  if attn_mask_BTS is not None:
+    mask &= attn_mask_BTS
+  seq_len = jnp.max(k_pos) + 1 if cfg.rope.type == "dynamic" else None
+  cos, sin = rope_lib.cos_sin(cfg.rope, cfg.kdim, cfg.max_position_embeddings, positions_BT, seq_len)
+  return k_pos, mask, cos, sin
+
+
 def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask_BT=None, attn_mask_BTS=None,
             cache=None, program: Sequence[int] | None = None, capture: Sequence[str] = (),
             intervention: Intervention | None = None, inputs_embeds_BTD=None,
@@ -268,26 +297,7 @@ def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask
   b, t = x.shape[:2]
   valid_BT = (jnp.ones((b, t), bool) if attention_mask_BT is None else attention_mask_BT.astype(bool))
   index = None if cache is None else cache["index"]
-  if positions_BT is None:
-    positions_BT = jnp.cumsum(valid_BT, axis=1) - 1
-    if cache is not None:  # continue after the last real position written so far
-      positions_BT = positions_BT + jnp.max(cache["pos"], axis=1, keepdims=True) + 1
-    positions_BT = jnp.maximum(positions_BT, 0)
-  q_pos = jnp.where(valid_BT, positions_BT, -1)
-  if cache is None:
-    k_pos = q_pos
-  else:
-    k_pos = jax.lax.dynamic_update_slice_in_dim(cache["pos"], q_pos.astype(jnp.int32), index, axis=1)
-  mask = k_pos[:, None, :] >= 0
-  if cfg.causal:
-    mask &= attn_lib.causal_mask(positions_BT, k_pos, cfg.sliding_window)
-  elif cfg.sliding_window is not None:
-    mask &= jnp.abs(positions_BT[:, :, None] - k_pos[:, None, :]) < cfg.sliding_window
-  if attn_mask_BTS is not None:
-    mask &= attn_mask_BTS
-
-  seq_len = jnp.max(k_pos) + 1 if cfg.rope.type == "dynamic" else None
-  cos, sin = rope_lib.cos_sin(cfg.rope, cfg.kdim, cfg.max_position_embeddings, positions_BT, seq_len)
+  k_pos, mask, cos, sin = positions_and_mask(cfg, valid_BT, cache, positions_BT, attn_mask_BTS)
 
   lp = params["layers"]
   if program is None:
