@@ -26,7 +26,6 @@ import optax
 from jaxlab.models import multimodal
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vit
-from jaxlab.nn import layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,10 +46,7 @@ class Config:
     object.__setattr__(self, "feature_layers", features.feature_layers)
     if not 0 <= self.image_token_id < self.text.vocab_size:
       bad(f"image_token_id must be in [0, {self.text.vocab_size}), found {self.image_token_id}")
-    if self.connector_activation not in layers.ACTIVATIONS:
-      bad(f"connector_activation must be one of {sorted(layers.ACTIVATIONS)}, found {self.connector_activation!r}")
-    if self.connector_hidden is not None and self.connector_hidden <= 0:
-      bad(f"connector_hidden must be positive, found {self.connector_hidden}")
+    _ = self.multimodal  # multimodal.Config validates the connector fields
 
   @property
   def multimodal(self) -> multimodal.Config:
