@@ -92,6 +92,11 @@ def bwrap_argv(argv: Sequence[str], *, workdir: str, memory_mb: int, max_procs: 
   else:
     cmd += ["--unshare-all", "--unshare-user", "--disable-userns", "--uid", str(NOBODY), "--gid", str(NOBODY)]
     cmd += ["--share-net"] if network else []
+  # The private /tmp goes first, so a runtime under the host's /tmp (a venv there) is bound on top of it.
+  cmd += ["--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink", "usr/lib", "/lib",
+          "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
+          "--perms", "1777", "--size", str(memory_mb << 20), "--tmpfs", "/tmp",
+          "--perms", "1777", "--size", str(memory_mb << 20), "--tmpfs", "/dev/shm"]
   binds = sorted(set(runtime_paths() + [os.path.realpath(p) for p in ro_paths]))
   etc = ETC_RUNTIME + (ETC_NETWORK if network else ())
   for d in _parents(binds + list(etc)):
@@ -100,11 +105,7 @@ def bwrap_argv(argv: Sequence[str], *, workdir: str, memory_mb: int, max_procs: 
     cmd += ["--ro-bind", p, p]
   for p in etc:
     cmd += ["--ro-bind-try", p, p]
-  cmd += ["--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink", "usr/lib", "/lib",
-          "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
-          "--perms", "1777", "--size", str(memory_mb << 20), "--tmpfs", "/tmp",
-          "--perms", "1777", "--size", str(memory_mb << 20), "--tmpfs", "/dev/shm",
-          "--bind", workdir, WORKDIR, "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
+  cmd += ["--bind", workdir, WORKDIR, "--remount-ro", "/", "--chdir", WORKDIR, "--clearenv"]
   for k, v in _environment(env).items():
     cmd += ["--setenv", k, v]
   limits = ["/usr/bin/prlimit", f"--as={memory_mb << 20}", f"--nproc={max_procs}", "--core=0", "--"]
