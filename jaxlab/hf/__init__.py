@@ -8,22 +8,14 @@ is a `jaxlab.hf.spec.Family`.
 """
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
 
-from jaxlab.hf import decoder, encoder, io, llada, spec as _spec, vision  # noqa: F401
+from jaxlab.hf import decoder, encoder, io, llada, reward, spec as _spec, vision  # noqa: F401
+from jaxlab.hf.io import read_config  # noqa: F401
 from jaxlab.hf.family import FAMILIES, by_model_type, family_of  # noqa: F401
 from jaxlab.hf.spec import Family, Tensor  # noqa: F401
-
-
-def read_config(path: str) -> dict:
-  f = os.path.join(path, "config.json")
-  if not os.path.exists(f):
-    raise FileNotFoundError(f"{path}: expected a transformers-format directory with config.json")
-  with open(f) as fh:
-    return json.load(fh)
 
 
 def load(path: str, dtype=None):
@@ -37,6 +29,8 @@ def load(path: str, dtype=None):
   d = read_config(path)
   if "model_type" not in d:
     raise ValueError(f"{path}/config.json has no model_type")
+  if set(d.get("architectures") or ()) & set(reward.ARCHITECTURES.values()):
+    raise ValueError(f"{path} holds a reward model ({d['architectures'][0]}): load it with jaxlab.hf.reward.load")
   fam = by_model_type(d["model_type"]).for_checkpoint(d)
   cfg = fam.config_from_hf(d)
   tensors = io.read_dir(path)
@@ -51,18 +45,9 @@ def load(path: str, dtype=None):
 
 def save(path: str, cfg, params, dtype=None, max_shard_bytes: int = 5 * 2**30, overwrite: bool = False) -> None:
   """Writes config.json and safetensors (sharded with an index past `max_shard_bytes`)."""
-  if os.path.exists(os.path.join(path, "config.json")) and not overwrite:
-    raise FileExistsError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
+  io.check_writable(path, overwrite)
   fam = family_of(cfg)
   d = fam.config_to_hf(cfg)
   tensors = _spec.from_params(fam, cfg, params, dtype)
   _spec.check(fam, cfg, tensors, "params")
-  d["torch_dtype"] = d["dtype"] = _spec.dtype_name(next(iter(tensors.values())).dtype)
-  if os.path.isdir(path):  # weights being replaced, or debris of a save interrupted before config.json
-    for name in os.listdir(path):
-      if name.endswith(".safetensors") or name == io.INDEX:
-        os.remove(os.path.join(path, name))
-  io.write_dir(path, tensors, max_shard_bytes)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(d, f, indent=2)
-
+  io.write_checkpoint(path, d, tensors, max_shard_bytes)

@@ -106,3 +106,35 @@ def write_dir(path: str, tensors: dict[str, np.ndarray], max_shard_bytes: int = 
   total = sum(t.nbytes for t in tensors.values())
   with open(os.path.join(path, INDEX), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+
+
+def check_writable(path: str, overwrite: bool) -> None:
+  if os.path.exists(os.path.join(path, "config.json")) and not overwrite:
+    raise FileExistsError(f"{path} already holds a checkpoint; pass overwrite=True to replace it")
+
+
+def write_checkpoint(path: str, config: dict, tensors: dict[str, np.ndarray], max_shard_bytes: int = 5 * 2**30):
+  """config.json (with the stored dtype) and the tensors; old weight files in `path` are removed first, and
+  config.json is written last, so an interrupted save never leaves a config over the wrong weights."""
+  config = dict(config)
+  config["torch_dtype"] = config["dtype"] = dtype_name(next(iter(tensors.values())).dtype)
+  if os.path.isdir(path):  # weights being replaced, or debris of a save interrupted before config.json
+    for name in os.listdir(path):
+      if name.endswith(".safetensors") or name == INDEX:
+        os.remove(os.path.join(path, name))
+  write_dir(path, tensors, max_shard_bytes)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+
+
+def dtype_name(dtype) -> str:
+  return {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
+          np.dtype(np.float16): "float16"}.get(np.dtype(dtype), str(np.dtype(dtype)))
+
+
+def read_config(path: str) -> dict:
+  f = os.path.join(path, "config.json")
+  if not os.path.exists(f):
+    raise FileNotFoundError(f"{path}: expected a transformers-format directory with config.json")
+  with open(f) as fh:
+    return json.load(fh)

@@ -12,8 +12,9 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
+
+from jaxlab.hf.io import dtype_name  # noqa: F401  (re-exported: families name stored dtypes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +127,3 @@ def from_params(fam: Family, cfg, params, dtype=None) -> dict[str, np.ndarray]:
     else:
       out[t.hf] = np.ascontiguousarray(arr)
   return out
-
-
-def dtype_name(dtype) -> str:
-  return {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
-          np.dtype(np.float16): "float16"}.get(np.dtype(dtype), str(np.dtype(dtype)))

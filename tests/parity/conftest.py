@@ -74,3 +74,9 @@ def fresh_dir(tmp_path):
   d = tmp_path / "ckpt"
   yield str(d)
   shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def hf_model():
+  """`make_hf_model(model_type, seed, **overrides)`: a tiny random transformers causal LM."""
+  return make_hf_model
