@@ -1,0 +1,1 @@
+"""Speech: Whisper's log-mel front end (`mel`) and the ASR entry point (`asr`)."""
