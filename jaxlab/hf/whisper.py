@@ -260,12 +260,13 @@ def config_from_ct2(v: dict, source: str = "model.bin") -> whisper.Config:
       raise ValueError(f"{source}: missing variable {name!r} (is this a CTranslate2 Whisper model?)")
     return v[name].shape
 
+  scalar = lambda name: int(np.asarray(v[name]).reshape(-1)[0]) if name in v else shape(name)
   count = lambda side: len({k.split("/")[1] for k in v if re.match(rf"{side}/layer_\d+/", k)})
   vocab, d = shape("decoder/embeddings/weight")
   return whisper.Config(
       vocab_size=vocab, n_mels=shape("encoder/conv1/weight")[1], d_model=d, encoder_layers=count("encoder"),
-      encoder_heads=int(v["encoder/num_heads"]), encoder_ffn=shape("encoder/layer_0/ffn/linear_0/weight")[0],
-      decoder_layers=count("decoder"), decoder_heads=int(v["decoder/num_heads"]),
+      encoder_heads=scalar("encoder/num_heads"), encoder_ffn=shape("encoder/layer_0/ffn/linear_0/weight")[0],
+      decoder_layers=count("decoder"), decoder_heads=scalar("decoder/num_heads"),
       decoder_ffn=shape("decoder/layer_0/ffn/linear_0/weight")[0],
       max_source_positions=shape("encoder/position_encodings/encodings")[0],
       max_target_positions=shape("decoder/position_encodings/encodings")[0])
