@@ -112,8 +112,7 @@ def _norm(text: str) -> str:
   """Lower case, "_" and punctuation to spaces, leading "is it" / articles dropped: "Is it a pet?" -> "pet"."""
   s = re.sub(r"[^a-z0-9\- ]+", " ", text.lower().replace("_", " "))
   s = re.sub(r"^\s*(is|was)\s+(it|this|that|the thing|your entity)\s+", "", s)
-  s = re.sub(r"^\s*(a|an|the|some|kind of|type of|sort of)\s+", "", s)
-  s = re.sub(r"^\s*(a|an|the|kind of|type of|sort of)\s+", "", s)
+  s = re.sub(r"^\s*((a|an|the|some|kind of|type of|sort of)\s+)+", "", s)
   return " ".join(s.split())
 
 
