@@ -24,7 +24,7 @@ mode="strict" fixes three leaderboard bugs, each a deliberate divergence:
   1. parallel matching: the leaderboard assigns each expected call greedily to the first unused call that matches
      it, so it can fail outputs that have a valid assignment; strict finds a maximum bipartite matching.
   2. dict values: the leaderboard compares dict (and list-of-dict) values by equality only, so True matches 1 and
-     1.0 matches "1.0"'s number; strict also requires the value's type to be the possible value's (int for float).
+     1.0 matches True; strict also requires the value's type to be the possible value's (int accepted for float).
   3. Java String[] / char[] literals: the leaderboard keeps the quotes of `new String[]{"a", "b"}`'s elements, so
      they never match; strict strips them as its ArrayList rule does.
 """
@@ -438,7 +438,10 @@ def _call_check(function: Mapping, call: Mapping, expected: Mapping, language: s
         raise ValueError(f"unsupported Python type {described!r} for {p!r}; expected one of {sorted(PYTHON_TYPES)}")
       expected_type = PYTHON_TYPES[described]
       if described in ("array", "tuple"):
-        item = PYTHON_TYPES[_items_type(schema, p)]
+        if (item_name := _items_type(schema, p)) not in PYTHON_TYPES:
+          raise ValueError(f"unsupported Python item type {item_name!r} for {p!r}; expected one of "
+                           f"{sorted(PYTHON_TYPES)}")
+        item = PYTHON_TYPES[item_name]
       if described == "tuple" and type(value) == tuple:
         value = list(value)
       if described == "float" and type(value) == int:
@@ -453,6 +456,8 @@ def _call_check(function: Mapping, call: Mapping, expected: Mapping, language: s
                      f"{p!r}: expected a {language} literal string, got {type(value).__name__} ({value!r}).")
       if described in _COLLECTIONS:
         item_name = _items_type(schema, p)
+        if item_name not in table:
+          raise ValueError(f"unsupported {language} item type {item_name!r} for {p!r}; expected one of {sorted(table)}")
         item = table[item_name]
         value = _java(value, described, item_name, strict) if language == "java" else _js(value, described, item_name)
       else:

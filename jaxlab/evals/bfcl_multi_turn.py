@@ -50,7 +50,8 @@ def api_instances(entry: Mapping[str, Any]) -> dict[str, Any]:
   """Fresh instances of the entry's `involved_classes`, loaded with its `initial_config` (by class name)."""
   require_bfcl_eval()
   backend = importlib.import_module("bfcl_eval.constants.executable_backend_config")
-  long_context = "long_context" in entry["id"].rsplit("_", 1)[0] or "composite" in entry["id"]
+  category = entry["id"].rsplit("_", 1)[0]
+  long_context = "long_context" in category or "composite" in category
   out = {}
   for name in entry["involved_classes"]:
     if name not in backend.CLASS_FILE_PATH_MAPPING:

@@ -512,6 +512,12 @@ def test_bad_input_is_named(bad, match):
   with pytest.raises(ValueError, match="unsupported Python type 'number'"):
     bfcl.ast_check([_fn("f", {"x": {"type": "number"}})], [{"f": {"x": 1}}], [{"f": {"x": [1]}}], language="python",
                    test_category="simple")
+  with pytest.raises(ValueError, match="unsupported java item type 'Object'"):
+    bfcl.ast_check([_fn("f", {"x": {"type": "Array", "items": {"type": "Object"}}})], [{"f": {"x": "new Object[]{}"}}],
+                   [{"f": {"x": [[]]}}], language="java", test_category="simple_java")
+  with pytest.raises(ValueError, match="needs an items type"):
+    bfcl.ast_check([_fn("f", {"x": {"type": "array"}})], [{"f": {"x": [1]}}], [{"f": {"x": [[1]]}}],
+                   language="python", test_category="simple")
 
 
 # ---- multi-turn ----
