@@ -5,8 +5,9 @@
 <|startoftranscript|><|en|><|transcribe|><|notimestamps|> (<|startoftranscript|><|notimestamps|> for the .en
 models), the checkpoint's suppress_tokens on every step and begin_suppress_tokens (blank, end of text) on the
 first, timestamps suppressed, greedy or beam search (patience 1, finished beams ranked by mean log-probability).
-Audio longer than 30 s is cut into consecutive 30 s windows of one log-mel spectrogram (the audio padded with
-30 s of silence, as Whisper computes it), each decoded on its own. Each decoding step is one jitted call over a
+Audio longer than 30 s is cut into consecutive 30 s windows of one log-mel spectrogram, each decoded on its own;
+the last window is filled with the spectrogram of silence (openai/whisper, transformers) or, with pad="zeros",
+with 0.0 features (faster-whisper); the two can give different words on the same clip. Each decoding step is one jitted call over a
 fixed-size KV cache, so a transcript compiles once per shape.
 
 Axes: B batch (windows or beams), T tokens, V vocab, F mel bins, N frames.
@@ -27,6 +28,7 @@ from jaxlab.audio import mel as mel_lib
 from jaxlab.hf import whisper as hf_whisper
 from jaxlab.models import whisper
 
+PADS = ("silence", "zeros")
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def _encode_and_prefill(params, mel_BFN, prompt_BT, cfg: whisper.Config):
@@ -203,17 +205,30 @@ class ASR:
   def __init__(self, cfg: whisper.Config, params, tokenizer, tokens: Tokens):
     self.cfg, self.params, self.tokenizer, self.tokens = cfg, params, tokenizer, tokens
 
-  def windows(self, audio_16k) -> np.ndarray:
-    """[W, n_mels, 3000]: consecutive 30 s windows of the log-mel of the audio padded with 30 s of silence."""
-    a = mel_lib.check_audio(audio_16k)
-    m = mel_lib.log_mel(a, self.cfg.n_mels, padding=mel_lib.N_SAMPLES)
-    content = max(1, a.size // mel_lib.HOP)
-    n = self.cfg.n_frames
-    return np.stack([mel_lib.pad_or_trim(m[:, s:s + n], n) for s in range(0, content, n)])
+  def windows(self, audio_16k, pad: str = "silence") -> np.ndarray:
+    """[W, n_mels, 3000]: consecutive 30 s windows of the audio's log-mel spectrogram.
 
-  def transcribe_tokens(self, audio_16k, *, beam_size: int = 1, max_new_tokens: int = 224) -> list[list[int]]:
-    """Token ids (after the prompt, without end of text) of each 30 s window."""
-    mels = self.windows(audio_16k)
+    Args:
+      pad: how the last window is filled past the audio. "silence": the spectrogram of the audio followed by
+        30 s of zero samples, as openai/whisper and transformers compute it; "zeros": the spectrogram of the
+        audio alone, each window padded with 0.0 features, as faster-whisper (CTranslate2) does.
+    """
+    if pad not in PADS:
+      raise ValueError(f"pad must be one of {PADS}, found {pad!r}")
+    a = mel_lib.check_audio(audio_16k)
+    n = self.cfg.n_frames
+    if pad == "silence":
+      m = mel_lib.log_mel(a, self.cfg.n_mels, padding=mel_lib.N_SAMPLES)
+      content = max(1, a.size // mel_lib.HOP)
+      return np.stack([mel_lib.pad_or_trim(m[:, s:s + n], n) for s in range(0, content, n)])
+    m = mel_lib.log_mel(a, self.cfg.n_mels, padding=mel_lib.HOP)
+    content = max(1, m.shape[1] - 1)
+    return np.stack([mel_lib.pad_or_trim(m[:, s:min(s + n, content)], n) for s in range(0, content, n)])
+
+  def transcribe_tokens(self, audio_16k, *, beam_size: int = 1, max_new_tokens: int = 224,
+                        pad: str = "silence") -> list[list[int]]:
+    """Token ids (after the prompt, without end of text) of each 30 s window (`pad`: see `windows`)."""
+    mels = self.windows(audio_16k, pad)
     t = self.tokens
     kw = dict(suppress=t.suppress, begin_suppress=t.begin_suppress, max_new_tokens=max_new_tokens)
     if beam_size == 1:
@@ -221,16 +236,18 @@ class ASR:
     return [beam_search(self.params, self.cfg, m[None], t.prompt, t.eot, beam_size=beam_size, **kw) for m in mels]
 
   def transcribe(self, audio, sample_rate: int = mel_lib.SAMPLE_RATE, *, beam_size: int = 1,
-                 max_new_tokens: int = 224) -> str:
+                 max_new_tokens: int = 224, pad: str = "silence") -> str:
     """The transcript: each window's text, stripped, joined by single spaces.
 
     Args:
       audio: 1-D waveform (float in [-1, 1], or int PCM) at `sample_rate` Hz; resampled to 16 kHz.
       beam_size: 1 = greedy, else beam search with this many beams.
+      pad: how the last 30 s window is filled past the audio, "silence" (Whisper's) or "zeros"
+        (faster-whisper's); see `windows`.
     """
     a = mel_lib.check_audio(audio)
     a = resample(a, sample_rate)
-    toks = self.transcribe_tokens(a, beam_size=beam_size, max_new_tokens=max_new_tokens)
+    toks = self.transcribe_tokens(a, beam_size=beam_size, max_new_tokens=max_new_tokens, pad=pad)
     texts = [self.tokenizer.decode([i for i in row if i < self.tokens.eot]).strip() for row in toks]
     return " ".join(t for t in texts if t)
 
