@@ -7,8 +7,9 @@ models), the checkpoint's suppress_tokens on every step and begin_suppress_token
 first, timestamps suppressed, greedy or beam search (patience 1, finished beams ranked by mean log-probability).
 Audio longer than 30 s is cut into consecutive 30 s windows of one log-mel spectrogram, each decoded on its own;
 the last window is filled with the spectrogram of silence (openai/whisper, transformers) or, with pad="zeros",
-with 0.0 features (faster-whisper); the two can give different words on the same clip. Each decoding step is one jitted call over a
-fixed-size KV cache, so a transcript compiles once per shape.
+with 0.0 features (faster-whisper); the two can give different words on the same clip. Decoding steps run
+over a fixed-size KV cache (greedy: the whole loop is one jitted lax.while_loop; beam search: one jitted step
+per token), so nothing recompiles per token.
 
 Axes: B batch (windows or beams), T tokens, V vocab, F mel bins, N frames.
 """
@@ -66,6 +67,29 @@ def _check_decode_args(cfg, mel_BFN, prompt, max_new_tokens):
     raise ValueError(f"mel_BFN must be [B, n_mels, frames], found shape {np.shape(mel_BFN)}")
 
 
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "eot"))
+def _greedy_loop(params, mel_BFN, prompt_BT, sup_V, first_V, cfg: whisper.Config, max_new_tokens: int, eot: int):
+  logits, cache = _encode_and_prefill(params, mel_BFN, prompt_BT, cfg)
+  b = mel_BFN.shape[0]
+  tok = jnp.argmax(jnp.where(first_V, -jnp.inf, logits), axis=-1).astype(jnp.int32)
+  out = jnp.full((b, max_new_tokens), eot, jnp.int32).at[:, 0].set(tok)
+
+  def cond(c):
+    i, _, done, _ = c
+    return (i < max_new_tokens) & ~jnp.all(done)
+
+  def body(c):
+    i, out, done, cache = c
+    logits, cache = whisper.decode(params, jax.lax.dynamic_slice_in_dim(out, i - 1, 1, axis=1), cache, cfg)
+    nxt = jnp.argmax(jnp.where(sup_V, -jnp.inf, logits[:, 0]), axis=-1).astype(jnp.int32)
+    nxt = jnp.where(done, eot, nxt)
+    out = jax.lax.dynamic_update_slice_in_dim(out, nxt[:, None], i, axis=1)
+    return i + 1, out, done | (nxt == eot), cache
+
+  _, out, _, _ = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), out, tok == eot, cache))
+  return out
+
+
 def greedy(params, cfg: whisper.Config, mel_BFN, prompt, eot: int, *, suppress=(), begin_suppress=(),
            max_new_tokens: int = 224) -> list[list[int]]:
   """Greedy tokens after `prompt` for each spectrogram, up to (not including) end of text.
@@ -79,17 +103,8 @@ def greedy(params, cfg: whisper.Config, mel_BFN, prompt, eot: int, *, suppress=(
   sup = jnp.asarray(_mask(suppress, cfg.vocab_size))
   first = jnp.asarray(_mask(tuple(suppress) + tuple(begin_suppress), cfg.vocab_size))
   prompt_BT = jnp.asarray(np.tile(np.asarray(prompt, np.int32), (b, 1)))
-  logits, cache = _encode_and_prefill(params, jnp.asarray(mel_BFN, jnp.float32), prompt_BT, cfg)
-  out = np.zeros((b, 0), np.int64)
-  done = np.zeros(b, bool)
-  for i in range(max_new_tokens):
-    tok = np.asarray(jnp.argmax(jnp.where(first if i == 0 else sup, -jnp.inf, logits), axis=-1))
-    tok = np.where(done, eot, tok)
-    out = np.concatenate([out, tok[:, None]], axis=1)
-    done |= tok == eot
-    if done.all() or i == max_new_tokens - 1:
-      break
-    logits, cache = _step(params, jnp.asarray(tok, jnp.int32), cache, cfg)
+  out = np.asarray(_greedy_loop(params, jnp.asarray(mel_BFN, jnp.float32), prompt_BT, sup, first, cfg,
+                                max_new_tokens, int(eot)))
   return [[int(t) for t in row[:list(row).index(eot) if eot in row else len(row)]] for row in out]
 
 
