@@ -129,8 +129,8 @@ def splice_tokens(tokens_BT, adv_K, separator_id: int, lay: Layout):
   """[B, S] the spliced token ids of a discrete attack (0 at padding)."""
   tokens_BT, adv_K = np.asarray(tokens_BT), np.asarray(adv_K)
   orig = np.take_along_axis(tokens_BT, np.minimum(lay.index_BS, tokens_BT.shape[1] - 1), axis=1)
-  out = np.where(lay.kind_BS == _ORIG, orig, np.where(lay.kind_BS == _ADV, adv_K[np.minimum(lay.index_BS,
-                                                                                          len(adv_K) - 1)], 0))
+  adv = adv_K[np.minimum(lay.index_BS, len(adv_K) - 1)] if len(adv_K) else np.zeros_like(lay.index_BS)
+  out = np.where(lay.kind_BS == _ORIG, orig, np.where(lay.kind_BS == _ADV, adv, 0))
   return np.where(lay.kind_BS == _SEP, separator_id, out).astype(np.int32)
 
 
