@@ -171,3 +171,10 @@ def test_resample_keeps_a_tone():
   out = asr.resample(np.sin(2 * np.pi * 440 * t).astype(np.float32), sr)
   assert out.size == 16000
   np.testing.assert_allclose(out[200:-200], np.sin(2 * np.pi * 440 * np.arange(16000) / 16000)[200:-200], atol=2e-2)
+
+
+def test_multilingual_prompt(model):
+  from jaxlab.models import whisper
+  t = asr._special_tokens(model.tokenizer, whisper.PRESETS["tiny"], _model_dir())  # vocab 51865: multilingual
+  assert [model.tokenizer.id_to_token(i) for i in t.prompt] == ["<|startoftranscript|>", "<|en|>", "<|transcribe|>",
+                                                                "<|notimestamps|>"]
