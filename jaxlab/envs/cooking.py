@@ -49,7 +49,8 @@ RECIPES = {
 
 NODE_KINDS = ("robot",) + STATION_KINDS + ITEM_KINDS
 FLAGS = ("cut", "cooked", "water", "boiled", "progress", "held")
-NODE_FEATURES = len(NODE_KINDS) + len(FLAGS)
+INSTANCE_SLOTS = 4  # one-hot of the instance number (table1, table2, ...); numbers above share the last slot
+NODE_FEATURES = len(NODE_KINDS) + len(FLAGS) + INSTANCE_SLOTS
 EDGE_TYPES = ("at", "hosts", "holding", "held_by", "on", "under", "in", "contains")
 EDGE_FEATURES = len(EDGE_TYPES)
 
@@ -356,8 +357,9 @@ def pddl_problem(problem: Problem, state: State | None = None, name: str = "kitc
 # ----------------------------------------------------------------------------------------- scene graph
 
 def scene_graph(problem: Problem, state: State) -> jraph.GraphsTuple:
-  """One graph: nodes robot, stations, items (in problem order) with one-hot NODE_KINDS + FLAGS features
-  ("progress" is the fraction of a running cook / boil done); edges robot-at-station, robot-holding-item,
+  """One graph: nodes robot, stations, items (in problem order) with one-hot NODE_KINDS, FLAGS ("progress" is the
+  fraction of a running cook / boil done) and the one-hot instance number (so the robot at table1 and at table2
+  are different graphs); edges robot-at-station, robot-holding-item,
   item-on-station/item, item-in-pot, each with its reverse, one-hot over EDGE_TYPES."""
   names = ["robot"] + [s for s, _ in problem.stations] + [i for i, _ in problem.items]
   kinds = ["robot"] + [k for _, k in problem.stations] + [k for _, k in problem.items]
@@ -366,7 +368,10 @@ def scene_graph(problem: Problem, state: State) -> jraph.GraphsTuple:
   for j, (n, k) in enumerate(zip(names, kinds)):
     nodes[j, NODE_KINDS.index(k)] = 1.0
     f = len(NODE_KINDS)
-    nodes[j, f:] = [n in state.cut, n in state.cooked, n in state.water, n in state.boiled, 0.0, n == state.holding]
+    nodes[j, f:f + len(FLAGS)] = [n in state.cut, n in state.cooked, n in state.water, n in state.boiled, 0.0,
+                                  n == state.holding]
+    number = int(n[len(k):]) if n[len(k):].isdigit() else 1
+    nodes[j, f + len(FLAGS) + min(max(number, 1), INSTANCE_SLOTS) - 1] = 1.0
     if n in state.timers:
       total = problem.boil_time if k == "pot" else problem.cook_time
       nodes[j, f + FLAGS.index("progress")] = 1.0 - state.timers[n] / total

@@ -164,6 +164,8 @@ def test_scene_graph_nodes_edges_and_features():
   f = len(cooking.NODE_KINDS)
   assert g.nodes[6, f + cooking.FLAGS.index("progress")] == pytest.approx(1 - 2 / 5)  # 3 of 5 cooking steps done
   assert g.nodes[8, f + cooking.FLAGS.index("held")] == 1.0
+  instance = g.nodes[:, f + len(cooking.FLAGS):]
+  assert instance.sum(1).tolist() == [1.0] * 10 and instance[:, 0].tolist() == [1.0] * 10  # all are number 1
   rel = {(cooking.EDGE_TYPES[int(e.argmax())], names[s], names[r]) for e, s, r in zip(g.edges, g.senders, g.receivers)}
   want = {("at", "robot", "table1"), ("holding", "robot", "topbun1"), ("on", "patty1", "stove1"),
           ("on", "lettuce1", "board1"), ("on", "bottombun1", "table1"), ("on", "pot1", "sink1")}
