@@ -23,6 +23,7 @@ import time
 import jax
 import numpy as np
 
+from experiments import registry
 from jaxlab.audio import asr, mel
 
 TEXT = "Please book a table for two at seven tonight, and send the confirmation to my phone."
@@ -101,7 +102,5 @@ def main(argv=None) -> dict:
   return out
 
 
-if __name__ == "__main__":
-  import json
-  import sys
-  print(json.dumps(main(sys.argv[1:]), indent=2))
+registry.register_bench("asr", main, "Whisper tiny.en transcription at batch 1: jaxlab.audio.asr vs faster-whisper "
+                        "(same CTranslate2 weights, greedy, fp32)")

@@ -152,7 +152,8 @@ def load_transformers(path: str, dtype=None):
   return cfg, params
 
 
-def save(path: str, cfg: whisper.Config, params, tokens: dict | None = None, dtype=None) -> None:
+def save(path: str, cfg: whisper.Config, params, tokens: dict | None = None, dtype=None,
+         max_shard_bytes: int = 5 * 2**30) -> None:
   """Writes config.json and model.safetensors in the `WhisperForConditionalGeneration` layout."""
   _check_shapes(cfg, params, "params")
   out = {}
@@ -167,11 +168,7 @@ def save(path: str, cfg: whisper.Config, params, tokens: dict | None = None, dty
   first = out["model.decoder.embed_tokens.weight"]
   out["model.encoder.embed_positions.weight"] = whisper.sinusoids(cfg.max_source_positions,
                                                                   cfg.d_model).astype(first.dtype)
-  io.write_dir(path, out)
-  d = config_to_hf(cfg, tokens)
-  d["torch_dtype"] = d["dtype"] = str(first.dtype)
-  with open(os.path.join(path, "config.json"), "w") as fh:
-    json.dump(d, fh, indent=2)
+  io.write_checkpoint(path, config_to_hf(cfg, tokens), out, max_shard_bytes)
 
 
 # CTranslate2 ----------------------------------------------------------------------------------------------

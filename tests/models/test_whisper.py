@@ -120,6 +120,13 @@ def test_save_then_transformers_load(tmp_path):
   cfg2, params2 = hf_whisper.load(str(tmp_path))
   assert cfg2 == CFG
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
+  from jaxlab import hf  # the generic entry points hand Whisper to jaxlab.hf.whisper
+  hf.save(str(tmp_path / "generic"), CFG, params)
+  cfg3, params3 = hf.load(str(tmp_path / "generic"))
+  assert cfg3 == CFG
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params3)
+  with pytest.raises(FileExistsError):
+    hf.save(str(tmp_path / "generic"), CFG, params)
 
 
 def test_logical_axes_on_every_param():
