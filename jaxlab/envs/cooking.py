@@ -19,7 +19,6 @@ reward 1 when the recipe is done, or on `[finish]`.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 from typing import NamedTuple
@@ -63,16 +62,16 @@ class Action(NamedTuple):
 
   @property
   def text(self) -> str:
-    a = self.args
-    return {"move": lambda: f"move to {a[1]}", "pick-up": lambda: f"pick up {a[0]}",
-            "place": lambda: f"place {a[0]} on {a[1]}", "unstack": lambda: f"unstack {a[0]} from {a[1]}",
-            "stack": lambda: f"stack {a[0]} on {a[1]}", "cut": lambda: f"cut {a[0]}", "cook": lambda: f"cook {a[0]}",
-            "fill": lambda: f"fill {a[0]} with water", "boil": lambda: f"boil {a[0]}",
-            "add": lambda: f"add {a[0]} to {a[1]}", "wait": lambda: "wait"}[self.kind]()
+    return _TEXT[self.kind].format(*self.args)
 
   @property
   def pddl(self) -> str:
     return f"({' '.join((self.kind,) + tuple(self.args))})"
+
+
+_TEXT = {"move": "move to {1}", "pick-up": "pick up {0}", "place": "place {0} on {1}",
+         "unstack": "unstack {0} from {1}", "stack": "stack {0} on {1}", "cut": "cut {0}", "cook": "cook {0}",
+         "fill": "fill {0} with water", "boil": "boil {0}", "add": "add {0} to {1}", "wait": "wait"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,13 +188,19 @@ def valid_actions(problem: Problem, state: State) -> list[Action]:
   return out
 
 
-def step(problem: Problem, state: State, action: Action) -> State:
-  """The state after `action` (a new State; raises ValueError when `action` is not valid in `state`). In async
-  mode every running timer then ticks once, the action's own included."""
-  if action not in valid_actions(problem, state):
+def copy_state(state: State) -> State:
+  return State(state.robot, state.holding, dict(state.below), dict(state.inside), set(state.cut), set(state.cooked),
+               set(state.water), set(state.boiled), dict(state.timers))
+
+
+def step(problem: Problem, state: State, action: Action, check: bool = True) -> State:
+  """The state after `action` (a new State; raises ValueError when `action` is not valid in `state`, unless
+  `check` is False for an action taken from `valid_actions(problem, state)`). In async mode every running timer
+  then ticks once, the action's own included."""
+  if check and action not in valid_actions(problem, state):
     raise ValueError(f"cooking.step: {action.text!r} is not a valid action here; valid: "
                      f"{[a.text for a in valid_actions(problem, state)]}")
-  s = copy.deepcopy(state)
+  s = copy_state(state)
   k, a = action.kind, action.args
   asyn = problem.mode == "async"
   if k == "move":
@@ -497,7 +502,7 @@ class CookingEnv:
   def reset(self, seed: int) -> str:
     self.problem = generate(seed, self.recipe, self.mode, distractors=self.distractors, cook_time=self.cook_time,
                             boil_time=self.boil_time)
-    self.state = copy.deepcopy(self.problem.init)
+    self.state = copy_state(self.problem.init)
     return task_text(self.problem) + "\n" + self.observation()
 
   def observation(self) -> str:
