@@ -287,6 +287,11 @@ def make_train_step(cfg: Config, tx: optax.GradientTransformation):
   return jax.jit(step, donate_argnums=(0, 1))
 
 
+@functools.lru_cache(maxsize=32)
+def _train_step(cfg: Config):
+  return make_train_step(cfg, optimizer(cfg))
+
+
 def batches(h_ND, y, batch_size: int, rng: np.random.Generator | None = None):
   """Fixed-shape batches {"h", "y", "w"} over all rows (shuffled by `rng`); the last is padded with w = 0."""
   h_ND, y = np.asarray(h_ND, np.float32), np.asarray(y)
@@ -313,7 +318,7 @@ def train(cfg: Config, h_ND, y, *, head_DV=None, epochs: int = 10, batch_size: i
     if head_DV is not None:
       head_DV = jax.device_put(head_DV, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   opt_state = tx.init(params)
-  step = make_train_step(cfg, tx)
+  step = _train_step(cfg)
   rng = np.random.default_rng(seed)
   losses = []
   for _ in range(epochs):
@@ -326,11 +331,20 @@ def train(cfg: Config, h_ND, y, *, head_DV=None, epochs: int = 10, batch_size: i
 
 # ------------------------------------------------------------------------------------------ evaluation
 
+@functools.lru_cache(maxsize=32)
+def _predict_fn(cfg: Config):
+  return jax.jit(lambda p, h, head: forward(p, cfg, h, head))
+
+
 def predict(params, cfg: Config, h_ND, head_DV=None, batch_size: int = 256) -> np.ndarray:
-  """`forward` over all rows in batches (NumPy float32)."""
-  fn = jax.jit(lambda p, h, head: forward(p, cfg, h, head))
-  return np.concatenate([np.asarray(fn(params, jnp.asarray(h_ND[i:i + batch_size]), head_DV))
-                         for i in range(0, len(h_ND), batch_size)])
+  """`forward` over all rows in fixed-shape batches (NumPy float32)."""
+  h_ND = np.asarray(h_ND, np.float32)
+  out = []
+  for i in range(0, len(h_ND), batch_size):
+    part = h_ND[i:i + batch_size]
+    padded = np.concatenate([part, np.zeros((batch_size - len(part), h_ND.shape[1]), np.float32)])
+    out.append(np.asarray(_predict_fn(cfg)(params, jnp.asarray(padded), head_DV))[:len(part)])
+  return np.concatenate(out)
 
 
 def topk_accuracy(logits, targets, k: int = 5) -> np.ndarray:
