@@ -142,7 +142,7 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
                        learning_rate=cfg.learning_rate)
   cache = os.path.join(out_dir, "features")
   res, answer_probs = {}, {}
-  metrics = open(os.path.join(out_dir, "metrics.jsonl"), "w")
+  records = []
   for layer in cfg.layers:
     h = probes.extract_cached(cache, model_name, params, mcfg, seqs, layer, pos)
     pc = base.replace(kind="tokens")
@@ -157,9 +157,10 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
     logits = probes.predict(p, pa, h, head_answer)
     res[f"final_answer_acc.layer{layer}"] = float(np.mean(logits[~train].argmax(-1) == y_answer[~train]))
     answer_probs[layer] = logits
-    metrics.write(json.dumps({"layer": layer, "token_probe_loss": losses[-1], "answer_probe_loss": losses_a[-1],
-                              "top5": [float(v) for v in top5]}) + "\n")
-  metrics.close()
+    records.append({"layer": layer, "token_probe_loss": losses[-1], "answer_probe_loss": losses_a[-1],
+                    "top5": [float(v) for v in top5]})
+  with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
   for d in range(1, cfg.horizon + 1):
     res[f"horizon.top5.mean.d{d}"] = float(np.nanmean([res[f"horizon.top5.layer{l}.d{d}"] for l in cfg.layers]))
 
