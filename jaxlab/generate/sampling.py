@@ -121,7 +121,7 @@ def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT,
   ks, vs = [], []
   for i, p in enumerate(params["layers"]):
     slot = (cache["k"][i][None], cache["v"][i][None], 0)  # a one-slot [1, B, G, S, K] cache for this layer
-    x, _, _, _, (kc, vc) = tfm._block(p, x, cos, sin, mask, cfg, slot, index, i, None, None)
+    x, _, _, _, (kc, vc) = tfm.block(p, x, cos, sin, mask, cfg, slot, index, i, None, None)
     ks.append(kc[0])
     vs.append(vc[0])
   h = layers.rms_norm(params["final_norm"], x, cfg.norm_eps)

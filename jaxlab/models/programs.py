@@ -101,7 +101,7 @@ def forward(params, tokens_BT, cfg: tfm.Config, program_P, *, attention_mask_BT=
   def body(x, layer):
     idx = jnp.maximum(layer, 0)
     p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, idx, keepdims=False), stacked)
-    run = lambda x: tfm._block(p, x, cos, sin, mask, cfg, None, None, idx, None, None)[0]
+    run = lambda x: tfm.block(p, x, cos, sin, mask, cfg, None, None, idx, None, None)[0]
     x = jax.lax.cond(layer >= 0, run, lambda x: x, x)
     return x, (x if "hidden_states" in capture else None)
 

@@ -206,7 +206,10 @@ def _attention(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, in
   return layers.linear(p["o"], out.reshape(b, t, h * k), dt), w, slot
 
 
-def _block(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention, attention_fn):
+def block(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention, attention_fn):
+  """One decoder layer on the residual stream (params `p` of one layer; rotary tables and mask from
+  `positions_and_mask`): (x, attention update, MLP update, attention weights, cache slot). `forward` scans it;
+  the unrolled decode path and layer programs call it per layer."""
   eps = cfg.norm_eps
   inp = x_BTD if cfg.post_norm else layers.rms_norm(p["attn_norm"], x_BTD, eps)
   a, w, slot = _attention(p["attn"], inp, cos, sin, mask_BTS, cfg, slot, index, layer, intervention, attention_fn)
@@ -313,7 +316,7 @@ def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask
     x, kc, vc = carry
     p, layer, pos = xs
     slot = None if kc is None else (kc, vc, pos)
-    x, a, m, w, slot = _block(p, x, cos, sin, mask, cfg, slot, index, layer, intervention, attention_fn)
+    x, a, m, w, slot = block(p, x, cos, sin, mask, cfg, slot, index, layer, intervention, attention_fn)
     ys = {"hidden_states": x, "attn_updates": a, "mlp_updates": m, "attn_weights": w}
     return (x, *((None, None) if slot is None else slot)), {k: v for k, v in ys.items() if k in capture}
 
