@@ -1,2 +1,3 @@
 """Paper datasets with checkable ground truth: arithmetic word problems and math / commonsense JSONL
-(`arithmetic`), synthetic scenes with per-patch truth (`scenes`)."""
+(`arithmetic`), synthetic scenes with per-patch truth (`scenes`), Parity / Cycle / Subsum with templated chains
+of thought (`reasoning`)."""
