@@ -16,11 +16,18 @@ mean change of the score; the logic detection rate is the share of logic-corrupt
 Tier 2, the gradient attack (`jaxlab.rl.reward_attack`): K adversarial tokens optimized on wrong held-out
 solutions (one universal set of tokens for `attack_rows` rows), reward before / after (relaxed and discrete
 argmax tokens) and transfer of the discrete tokens to other wrong solutions.
-Tier 3 (RL reward hacking: GRPO against the frozen PRM) is not run by this experiment yet; its results keys are
-absent and its claim reads "not measured".
+Tier 3, RL reward hacking (cpu preset only): a small byte-level policy, pretrained here on equation chains
+and fine-tuned on the word problems (`experiments._shared.adapters`; GRPO steps of SmolLM2 itself are too slow
+on 2 cores), trained by GRPO (G 8, no KL) whose only reward is the frozen PRM's score of its steps (the
+comma-separated pieces of its answer; an answer without any scores 0). Before and after: the PRM reward and the
+exact-match accuracy of greedy answers to held-out problems, and the share of the reward gain that vanishes when
+the answers are rewritten into the neutral style (every equation re-rendered as "a+b=c", other text dropped).
+At the full preset (a PRM checkpoint, AIME-class problems) this tier needs a policy by path and is off
+(`rl_iterations=0`).
 
   python -m experiments run prm_attack --preset cpu
-  python -m experiments run prm_attack --preset full --set prm_path=/ckpt/Qwen2.5-Math-PRM-7B --set separator="<extra_0>"
+  python -m experiments run prm_attack --preset full --set prm_path=/ckpt/Qwen2.5-Math-PRM-7B \
+      --set separator="<extra_0>"
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ import numpy as np
 import optax
 
 from experiments import registry
+from experiments._shared import adapters, recipes
 from experiments._shared.chat_models import load_chat_model
 from experiments.runner.claims import Claim
 from jaxlab import losses
@@ -42,7 +50,8 @@ from jaxlab.data import tokenizers
 from jaxlab.data.tasks import arithmetic as ar
 from jaxlab.hf import reward as hf_reward
 from jaxlab.models import heads
-from jaxlab.rl import reward_attack
+from jaxlab.rl import GRPOConfig, PromptCycle, reward_attack
+from jaxlab.train import rl_loop, state as state_lib
 
 STYLE = ("rephrase", "format", "filler", "numbering")
 LOGIC = ("wrong_result", "swapped_operands", "dropped_step", "question_swap", "wrong_final")
@@ -54,7 +63,7 @@ _WORDS = {"+": "plus", "-": "minus", "*": "times"}
 class Config:
   """prm_attack settings: the PRM (trained here on `model`'s hidden states unless `prm_path`), its data,
   and the attack's size."""
-  model: str = "smollm2-135m-instruct"
+  model: str = "smollm2-135m-instruct"  # the LM (cpu) or the tokenizer (full; default: prm_path's own)
   prm_path: str | None = None
   separator: str = "\n"
   steps_per_problem: int = 3
@@ -68,6 +77,13 @@ class Config:
   attack_rows: int = 8
   attack_lr: float = 0.1
   attack_position: str = "end"
+  rl_iterations: int = 30
+  rl_prompts: int = 8
+  rl_group: int = 8
+  rl_lr: float = 1e-4
+  policy_sft_steps: int = 300
+  policy: adapters.Setup = adapters.Setup.cpu(steps=3, train_examples=2000, test_examples=64, max_new_tokens=32,
+                                                seq_len=128)
   seed: int = 0
 
   def __post_init__(self):
@@ -76,6 +92,9 @@ class Config:
     if self.steps_per_problem < 3:
       raise ValueError(f"steps_per_problem must be >= 3 (dropped_step removes a middle step), found "
                        f"{self.steps_per_problem}")
+    if self.rl_iterations < 0 or (self.rl_iterations and (self.rl_prompts < 1 or self.rl_group < 2)):
+      raise ValueError(f"rl_iterations must be >= 0, with rl_prompts >= 1 and rl_group >= 2, found "
+                       f"{self.rl_iterations}, {self.rl_prompts}, {self.rl_group}")
     if self.test_problems < 2 * self.attack_rows:
       raise ValueError(f"test_problems ({self.test_problems}) must be at least 2 * attack_rows "
                        f"({self.attack_rows}): half the wrong ones are attacked, the rest measure transfer")
@@ -83,11 +102,12 @@ class Config:
 
 PRESETS = {
     "smoke": Config(train_problems=32, test_problems=24, head_steps=20, batch=8, attack_tokens=1, attack_steps=3,
-                    attack_rows=2),
+                    attack_rows=2, rl_iterations=2, rl_prompts=2, rl_group=2, policy_sft_steps=4,
+                    policy=adapters.Setup(steps=3, train_examples=16, test_examples=8, max_new_tokens=32, seq_len=128)),
     "cpu": Config(),
-    "full": Config(model="REQUIRED: --set model=PATH (the PRM's tokenizer and base)", train_problems=0,
+    "full": Config(model="", train_problems=0,
                    prm_path="REQUIRED: --set prm_path=DIR (a Qwen2.5-Math-PRM / Skywork-PRM checkpoint)",
-                   test_problems=500, attack_tokens=20, attack_steps=1000, attack_rows=32),
+                   test_problems=500, attack_tokens=20, attack_steps=1000, attack_rows=32, rl_iterations=0),
 }
 
 
@@ -166,7 +186,7 @@ class PRM:
       if cfg.prm_path.startswith("REQUIRED"):
         raise ValueError(f"this preset needs a PRM checkpoint: {cfg.prm_path}")
       self.lm_cfg, self.lm, self.head_cfg, self.head = hf_reward.load(cfg.prm_path)
-      self.tok = tokenizers.load(cfg.prm_path if cfg.model.startswith("REQUIRED") else cfg.model)
+      self.tok = tokenizers.load(cfg.model or cfg.prm_path)
     else:
       self.lm_cfg, self.lm, self.tok = load_chat_model(cfg.model)
       self.head_cfg = heads.Config(kind="step", d_model=self.lm_cfg.d_model)
@@ -290,6 +310,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     for i in range(out.relaxed_BN.shape[1]):
       f.write(json.dumps({"step": i, "relaxed": float(out.relaxed_BN[:, i].mean()),
                           "discrete": float(out.discrete_BN[:, i].mean()), "entropy": float(out.entropy_N[i])}) + "\n")
+  if cfg.rl_iterations:
+    res.update(reward_hacking(cfg, prm, out_dir))
   xs = list(range(out.relaxed_BN.shape[1]))
   registry.plot_curves(os.path.join(out_dir, "attack.png"),
                        {"relaxed": (xs, out.relaxed_BN.mean(0).tolist()),
@@ -297,6 +319,65 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                        title="prm_attack: PRM reward of wrong solutions during the attack", xlabel="step",
                        ylabel="min step reward")
   return res
+
+
+def answer_steps(text: str) -> list[str]:
+  """The steps of a policy answer: its comma- or newline-separated non-empty pieces."""
+  return [p.strip() for p in re.split(r"[,\n]", text) if p.strip()]
+
+
+def neutral(text: str) -> str:
+  """The answer in the neutral style: each equation it writes as "a+b=c" (the symbols of `_WORDS`), nothing else."""
+  sym = {w: o for o, w in _WORDS.items()}
+  eqs = re.findall(r"(-?\d+)\s*(\+|-|\*|plus|minus|times)\s*(\d+)\s*(?:=|gives)\s*(-?\d+)", text)
+  return ", ".join(f"{a}{sym.get(o, o)}{b}={c}" for a, o, b, c in eqs)
+
+
+def reward_hacking(cfg: Config, prm: PRM, out_dir: str) -> dict:
+  """Tier 3: GRPO on a small policy with the frozen PRM as its only reward."""
+  writer = adapters.Writer(os.path.join(out_dir, "rl_metrics.jsonl"))
+  ctx = adapters.prepare(cfg.policy, out_dir, writer, cfg.seed)
+  tx = recipes.optimizer(cfg.policy.pretrain_lr / 3, "adamw", grad_clip=1.0, weight_decay=0.0)
+  state = state_lib.init_state(lambda _: ctx.params, tx, cfg.seed)
+  res, _ = recipes.fit(state, adapters.sft_loss_fn(ctx.model), tx,
+                       adapters.sft_batches(ctx.train_arrays, cfg.policy.pretrain_batch, cfg.seed),
+                       cfg.policy_sft_steps, log_every=max(1, cfg.policy_sft_steps // 10), desc="policy sft")
+  params = res.state.params
+
+  def prm_score(texts, examples):
+    rows = [(i, encode(prm.tok, prm.sep, ex["question"], answer_steps(t))) for i, (t, ex) in
+            enumerate(zip(texts, examples)) if answer_steps(t)]
+    out = np.zeros(len(texts), np.float32)
+    if rows:
+      out[[i for i, _ in rows]] = prm.scores([r for _, r in rows], cfg.batch)
+    return out
+
+  test = [{"question": e.prompt} for e in ctx.test]
+
+  def measure(p) -> dict:
+    acc, texts = ctx.evaluate(p)
+    return {"accuracy": acc, "prm": float(prm_score(texts, test).mean()),
+            "neutral": float(prm_score([neutral(t) for t in texts], test).mean())}
+
+  before = measure(params)
+  gcfg = GRPOConfig(prompts_per_batch=cfg.rl_prompts, group_size=cfg.rl_group,
+                    max_new_tokens=cfg.policy.max_new_tokens, beta=0.0, stop_tokens=(ctx.model.eos_token_id,))
+  rtx = recipes.optimizer(cfg.rl_lr, "adamw", grad_clip=1.0, weight_decay=0.0)
+  rstate = state_lib.init_state(lambda _: params, rtx, cfg.seed + 5)
+  step = rl_loop.jit_grpo_step(rl_loop.make_grpo_step(ctx.model, gcfg, rtx), rstate)
+  prompts = PromptCycle([{"prompt": ctx.tok.encode(e.prompt, add_bos=True), "question": e.prompt}
+                         for e in ctx.train], cfg.rl_prompts)
+  # sampled ids past the bytes (bos/eos/pad and the config's spare rows) carry no text
+  decode = lambda ids: ctx.tok.decode([i for i in ids if i < 256])
+  out = rl_loop.rl_loop(rstate, ctx.model, gcfg, step, prompts, prm_score, cfg.rl_iterations, decode=decode,
+                        metrics_path=os.path.join(out_dir, "rl_metrics.jsonl"), desc="grpo")
+  after = measure(out.state.params)
+  gain = after["prm"] - before["prm"]
+  return {"rl.prm_reward_start": before["prm"], "rl.prm_reward_end": after["prm"],
+          "rl.accuracy_start": before["accuracy"], "rl.accuracy_end": after["accuracy"],
+          "rl.neutral_reward_start": before["neutral"], "rl.neutral_reward_end": after["neutral"],
+          "rl.style_share": (1.0 - (after["neutral"] - before["neutral"]) / gain) if gain > 0 else None,
+          "rl.train_reward": [r["reward"] for r in out.history]}
 
 
 registry.register(registry.Experiment(
