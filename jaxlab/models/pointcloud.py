@@ -14,7 +14,9 @@ reference does), and the direction d gets [d, sin(d * f), cos(d * f)] with f = 2
 torch's int64 power (so f wraps to -2**63 at 63 and to 0 from 64 on, as in the reference with L = 127), the
 3 * L products ordered coordinate-major, then adaptive average pooling over points to the token count and a
 linear map (or, `ray_proj=False`, a zero column appended: the reference's "dummy" method). The reference runs
-it in bfloat16; `dtype` chooses here.
+it in bfloat16; `dtype` chooses here. `frame_viewdirs` / `frame_ray_embedding` are the same encoding of the
+video frames' pixel rays (`RayDirectionEncoderForImage`), pooled to the patch grid; its linear map to the
+video-feature width belongs to whoever adds it to the video tokens.
 
 Axes: B batch, N input points, M centres, k neighbours, C features, R ray-embedding width, L frequencies.
 """
@@ -188,16 +190,55 @@ def point_viewdirs(xyz_BN3, c2w_B44):
   return unit(unit(cam))
 
 
-def adaptive_avg_pool(x_BNC, m: int):
-  """[B, m, C]: torch's adaptive_avg_pool1d over N (bin i averages [floor(iN/m), ceil((i+1)N/m)))."""
-  n = x_BNC.shape[1]
-  if m == n:
-    return x_BNC
+def _pool_matrix(n: int, m: int) -> np.ndarray:
+  """[m, n]: torch's adaptive average pooling of n rows to m (bin i averages [floor(in/m), ceil((i+1)n/m)))."""
   w = np.zeros((m, n), np.float32)
   for i in range(m):
     lo, hi = (i * n) // m, -(-((i + 1) * n) // m)
     w[i, lo:hi] = 1.0 / (hi - lo)
-  return jnp.einsum("mn,bnc->bmc", jnp.asarray(w, x_BNC.dtype), x_BNC)
+  return w
+
+
+def adaptive_avg_pool(x_BNC, m: int):
+  """[B, m, C]: torch's adaptive_avg_pool1d over N."""
+  n = x_BNC.shape[1]
+  if m == n:
+    return x_BNC
+  return jnp.einsum("mn,bnc->bmc", jnp.asarray(_pool_matrix(n, m), x_BNC.dtype), x_BNC)
+
+
+def frame_viewdirs(c2w_BF44, k_B33, h: int, w: int):
+  """[B, F, H*W, 3]: STLLM's pixel-centre ray directions of every frame, row-major over pixels.
+
+  Each frame's camera is taken relative to the first (inverse(c2w_0) @ c2w_f); a pixel's direction
+  ((x + 0.5 - cx) / fx, (y + 0.5 - cy) / fy, 1) is rotated by it and normalized, and, as the reference does,
+  then multiplied on the right by the first camera's world rotation (d @ R_0).
+  """
+  if c2w_BF44.ndim != 4 or c2w_BF44.shape[2:] != (4, 4) or tuple(k_B33.shape) != (c2w_BF44.shape[0], 3, 3):
+    raise ValueError(f"frame rays need c2w [B, F, 4, 4] and intrinsics [B, 3, 3], found {tuple(c2w_BF44.shape)} "
+                     f"and {tuple(k_B33.shape)}")
+  r0 = c2w_BF44[:, 0, :3, :3]
+  r_rel = jnp.einsum("bji,bfjk->bfik", r0, c2w_BF44[:, :, :3, :3])  # rotation of inverse(c2w_0) @ c2w_f
+  ys, xs = jnp.meshgrid(jnp.arange(h, dtype=jnp.float32) + 0.5, jnp.arange(w, dtype=jnp.float32) + 0.5,
+                        indexing="ij")
+  k = k_B33[:, None, None]
+  dirs = jnp.stack([(xs - k[..., 0, 2]) / k[..., 0, 0], (ys - k[..., 1, 2]) / k[..., 1, 1],
+                    jnp.ones_like(xs - k[..., 0, 2])], -1).reshape(k_B33.shape[0], 1, h * w, 3)
+  rays = jnp.einsum("bfij,bfnj->bfni", r_rel, dirs)
+  unit = rays / jnp.linalg.norm(rays, axis=-1, keepdims=True)
+  return jnp.einsum("bfni,bij->bfnj", unit, r0)
+
+
+def frame_ray_embedding(viewdirs_BFN3, h: int, w: int, grid: int, n_freqs: int):
+  """[B, F, grid*grid, R]: each frame's directions average-pooled (torch's adaptive_avg_pool2d) from the
+  H x W pixels to a grid x grid patch grid, then [d, sin(d f), cos(d f)] (no zero column)."""
+  b, f = viewdirs_BFN3.shape[:2]
+  if tuple(viewdirs_BFN3.shape[2:]) != (h * w, 3):
+    raise ValueError(f"frame directions must be [B, F, {h}*{w}, 3], found {tuple(viewdirs_BFN3.shape)}")
+  d = viewdirs_BFN3.reshape(b, f, h, w, 3)
+  ph, pw = (jnp.asarray(_pool_matrix(n, grid), d.dtype) for n in (h, w))
+  d = jnp.einsum("ih,jw,bfhwc->bfijc", ph, pw, d).reshape(b * f, grid * grid, 3)
+  return ray_embedding(d, n_freqs).reshape(b, f, grid * grid, -1)
 
 
 def ray_embedding(viewdirs_BN3, n_freqs: int, n_out: int | None = None):

@@ -192,5 +192,40 @@ def test_axes_and_errors():
               CFG.replace(ray_freqs=2))
   with pytest.raises(ValueError, match="stage 1 picks 20 centres"):
     pc.Config(n_points=48, stages=(pc.Stage(16, 4, 0.5, (8,)), pc.Stage(20, 4, 0.5, (8,))))
+  with pytest.raises(ValueError, match=r"c2w \[B, F, 4, 4\] and intrinsics \[B, 3, 3\]"):
+    pc.frame_viewdirs(jnp.zeros((1, 2, 4, 4)), jnp.zeros((2, 3, 3)), 4, 4)
+  with pytest.raises(ValueError, match=r"\[B, F, 4\*4, 3\]"):
+    pc.frame_ray_embedding(jnp.zeros((1, 2, 15, 3)), 4, 4, 2, 3)
   with pytest.raises(ValueError, match="need 'xyz' and 'rgb'"):
     pc.encoder_forward(params, {"xyz": np.zeros((1, 48, 3))}, CFG)
+
+
+def _np_frame_rays(c2ws, k, h, w, grid, n_freqs):
+  """NumPy transcription of STLLM's frame ray encoding (before its linear map) for one video, pixel by pixel."""
+  first = np.linalg.inv(c2ws[0])
+  out = []
+  for c2w in c2ws:
+    rel = first @ c2w
+    d = np.zeros((h, w, 3))
+    for y in range(h):
+      for x in range(w):
+        ray = rel[:3, :3] @ np.array([(x + 0.5 - k[0, 2]) / k[0, 0], (y + 0.5 - k[1, 2]) / k[1, 1], 1.0])
+        d[y, x] = (ray / np.linalg.norm(ray)) @ c2ws[0][:3, :3]
+    out.append(d)
+  torch = pytest.importorskip("torch")
+  pooled = torch.nn.functional.adaptive_avg_pool2d(torch.from_numpy(np.stack(out)).permute(0, 3, 1, 2), grid)
+  d = pooled.permute(0, 2, 3, 1).reshape(len(c2ws), grid * grid, 3).numpy()
+  df = (d[..., None] * (2.0 ** np.arange(n_freqs))).reshape(*d.shape[:2], -1)
+  return np.concatenate([d, np.sin(df), np.cos(df)], -1)
+
+
+def test_frame_ray_encoding_matches_numpy_transcription():
+  rs = np.random.RandomState(5)
+  c2ws = np.stack([_rigid(rs) for _ in range(3)])
+  k = np.array([[9.0, 0, 5.5], [0, 8.0, 3.5], [0, 0, 1]])
+  h, w, grid, n_freqs = 7, 11, 3, 4
+  ref = _np_frame_rays(c2ws, k, h, w, grid, n_freqs)
+  dirs = pc.frame_viewdirs(jnp.asarray(c2ws[None], jnp.float32), jnp.asarray(k[None], jnp.float32), h, w)
+  got = np.asarray(pc.frame_ray_embedding(dirs, h, w, grid, n_freqs))[0]
+  assert got.shape == (3, grid * grid, pc.ray_width(n_freqs))
+  np.testing.assert_allclose(got, ref, atol=2e-4)

@@ -11,7 +11,6 @@ from jaxlab import sharding
 from jaxlab.models import multimodal as mm
 from jaxlab.models import qformer as qf
 from jaxlab.models import transformer as tfm
-from jaxlab.nn import axes
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
