@@ -3,6 +3,8 @@
 video-patch features and text embeddings as extra queries, pass through BERT-style post-norm layers of
 self-attention over all queries, cross-attention to the point-cloud features (every `cross_every`-th layer,
 counting from the first) and an MLP; the first `n_latents` outputs are projected to the LM width as a prefix.
+`ALIGNER` is the whole STLLM-Aligner as one encoder: `jaxlab.models.pointcloud` features (with their ray
+encoding) as the cross-attended keys, `jaxlab.models.video` tokens as the extra video queries.
 
 Every query token takes the query path of transformers' `Blip2QFormerLayer` (STLLM passes all of them as
 `query_embeds`), so cross-attention and the query MLP apply to the video and text queries too. Layers are
@@ -21,7 +23,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxlab.models import multimodal as mm
+from jaxlab.models import pointcloud
 from jaxlab.models import transformer as _tfm  # noqa: F401  (registers the shared block axes)
+from jaxlab.models import video as video_lib
 from jaxlab.nn import attention as attn_lib
 from jaxlab.nn import axes, layers
 
@@ -212,3 +216,50 @@ def encoder_forward(params, inputs: dict, cfg: Config):
 
 
 QFORMER = mm.Encoder(init=init, forward=encoder_forward, width=lambda c: c.out_width, n_tokens=lambda c: c.n_latents)
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignerConfig:
+  """STLLM-Aligner end to end: point cloud -> set-abstraction features (+ ray encoding) -> the Q-Former's
+  cross-attention; video frames -> patch tokens -> extra queries (when `video` is set); the prefix out."""
+  points: pointcloud.Config = pointcloud.Config()
+  video: video_lib.Config | None = None
+  qformer: Config = Config()
+
+  def __post_init__(self):
+    def bad(msg):
+      raise ValueError(f"qformer.AlignerConfig: {msg}")
+    if self.points.width != self.qformer.encoder_width:
+      bad(f"the point features ({self.points.width} wide) must match qformer.encoder_width "
+          f"({self.qformer.encoder_width})")
+    have = 0 if self.video is None else self.video.width
+    if have != self.qformer.video_width:
+      bad(f"the video tokens ({have} wide, 0 without video) must match qformer.video_width "
+          f"({self.qformer.video_width})")
+
+
+def aligner_init(c: AlignerConfig, key) -> dict:
+  """{"points": point-cloud params, "qformer": Q-Former params[, "video": video params]}."""
+  kp, kq, kv = jax.random.split(key, 3)
+  params = {"points": pointcloud.init(c.points, kp), "qformer": init(c.qformer, kq)}
+  if c.video is not None:
+    params["video"] = video_lib.init(c.video, kv)
+  return params
+
+
+def aligner_forward(params, inputs: dict, c: AlignerConfig):
+  """The `multimodal.Encoder` forward: `inputs` holds the point cloud ("xyz", "rgb"[, "mask", "c2w"]), "frames"
+  [B, F, H, W, C] when the config has video, and optionally "text" / "text_mask"; returns the prefix [B, K, O]."""
+  keys = {"xyz", "rgb", "mask", "c2w", "text", "text_mask"} | ({"frames"} if c.video is not None else set())
+  if not {"xyz", "rgb"} <= set(inputs) or set(inputs) - keys or (c.video is not None and "frames" not in inputs):
+    raise ValueError(f"aligner inputs need 'xyz', 'rgb'{', frames' if c.video is not None else ''} and take "
+                     f"{sorted(keys)}; found keys {sorted(inputs)}")
+  pts = pointcloud.encode(params["points"], inputs["xyz"], inputs["rgb"], c.points, mask_BN=inputs.get("mask"),
+                          c2w_B44=inputs.get("c2w"))
+  vid = None if c.video is None else video_lib.forward(params["video"], inputs["frames"], c.video)
+  return forward(params["qformer"], pts.features_BMC, c.qformer, points_mask_BS=pts.mask_BM, video_BVX=vid,
+                 text_BTX=inputs.get("text"), text_mask_BT=inputs.get("text_mask")).prefix_BKO
+
+
+ALIGNER = mm.Encoder(init=aligner_init, forward=aligner_forward, width=lambda c: c.qformer.out_width,
+                     n_tokens=lambda c: c.qformer.n_latents)

@@ -174,3 +174,35 @@ def test_axes_and_errors():
     qf.Config(n_layers=3, cross_every=2)
   with pytest.raises(ValueError, match="need 'points'"):
     qf.encoder_forward(params, {"pts": np.zeros((1, 3, 16))}, cfg)
+
+
+def test_aligner_end_to_end_through_the_prefix_protocol():
+  from jaxlab.models import pointcloud as pc
+  from jaxlab.models import video
+  points = pc.Config(n_points=24, stages=(pc.Stage(6, 4, 0.8, (8, 16)),), ray_freqs=2)
+  frames_cfg = video.Config(n_frames=1)
+  acfg = qf.AlignerConfig(points=points, video=frames_cfg, qformer=qf.Config.tiny(n_latents=3, video_width=64))
+  mcfg = mm.Config(encoder=qf.ALIGNER, encoder_cfg=acfg, text=tfm.PRESETS["tiny"], mode="prefix")
+  params = {"encoder": qf.ALIGNER.init(acfg, jax.random.key(6))}
+  rs = np.random.RandomState(6)
+  xyz, rgb = rs.rand(1, 24, 3).astype(np.float32), rs.rand(1, 24, 3).astype(np.float32)
+  mask = np.arange(24)[None] < 15
+  xyz[:, 15:] = 30.0  # padding far away: it would dominate FPS and the max-pool if it leaked
+  c2w = np.eye(4, dtype=np.float32)[None]
+  c2w[0, :3, 3] = [0.1, -2.0, 0.3]
+  frames = rs.randn(1, 1, 32, 32, 3).astype(np.float32)
+  inputs = {"xyz": xyz, "rgb": rgb, "mask": mask, "c2w": c2w, "frames": frames}
+  pre = qf.aligner_forward(params["encoder"], inputs, acfg)
+  tight = qf.aligner_forward(params["encoder"], {**inputs, "xyz": xyz[:, :15], "rgb": rgb[:, :15], "mask": None},
+                             acfg.__class__(points=points.replace(n_points=15), video=frames_cfg, qformer=acfg.qformer))
+  np.testing.assert_allclose(np.asarray(pre), np.asarray(tight), atol=1e-5)
+  enc = params["encoder"]
+  pts = pc.encode(enc["points"], xyz, rgb, points, mask_BN=mask, c2w_B44=c2w)
+  manual = qf.forward(enc["qformer"], pts.features_BMC, acfg.qformer, points_mask_BS=pts.mask_BM,
+                      video_BVX=video.forward(enc["video"], frames, frames_cfg)).prefix_BKO
+  np.testing.assert_allclose(np.asarray(pre), np.asarray(manual), atol=1e-6)
+  assert mcfg.tokens_per_input == 3 and pre.shape == (1, 3, mcfg.encoder.width(acfg))
+  with pytest.raises(ValueError, match="must match qformer.video_width"):
+    qf.AlignerConfig(points=points, video=None, qformer=acfg.qformer)
+  with pytest.raises(ValueError, match="need 'xyz', 'rgb', frames"):
+    qf.aligner_forward(params["encoder"], {"xyz": xyz, "rgb": rgb}, acfg)
