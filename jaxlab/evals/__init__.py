@@ -1,3 +1,4 @@
 """Evaluation: answer extraction and exact match (`answers`), the judge protocol (`judge`), sandbox (`sandbox`).
 Aggregation of sampled judge verdicts by Bradley-Terry-Davidson, with its baselines and metrics (`btd`). The BFCL
-function-calling checker, leaderboard and strict modes, single- and multi-turn (`bfcl`, `bfcl_multi_turn`)."""
+function-calling checker, leaderboard and strict modes, single- and multi-turn (`bfcl`, `bfcl_multi_turn`).
+Refusal / harmful-compliance judging with ASR and RtA (`refusal`)."""
