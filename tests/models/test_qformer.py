@@ -194,7 +194,7 @@ def test_aligner_end_to_end_through_the_prefix_protocol():
   inputs = {"xyz": xyz, "rgb": rgb, "mask": mask, "c2w": c2w, "frames": frames}
   pre = qf.aligner_forward(params["encoder"], inputs, acfg)
   tight = qf.aligner_forward(params["encoder"], {**inputs, "xyz": xyz[:, :15], "rgb": rgb[:, :15], "mask": None},
-                             acfg.__class__(points=points.replace(n_points=15), video=frames_cfg, qformer=acfg.qformer))
+                             qf.AlignerConfig(points=points.replace(n_points=15), video=frames_cfg, qformer=acfg.qformer))
   np.testing.assert_allclose(np.asarray(pre), np.asarray(tight), atol=1e-5)
   enc = params["encoder"]
   pts = pc.encode(enc["points"], xyz, rgb, points, mask_BN=mask, c2w_B44=c2w)
