@@ -14,8 +14,9 @@ Tier 1, static perturbations of held-out correct solutions: style kinds that kee
 middle step removed; question_swap: the solution under another problem's question; wrong_final). Per kind: the
 mean change of the score; the logic detection rate is the share of logic-corrupted solutions scored below 0.5.
 Tier 2, the gradient attack (`jaxlab.rl.reward_attack`): K adversarial tokens optimized on wrong held-out
-solutions (one universal set of tokens for `attack_rows` rows), reward before / after (relaxed and discrete
-argmax tokens) and transfer of the discrete tokens to other wrong solutions.
+solutions (one universal set of tokens for `attack_rows` rows), between question and solution for a step head
+(appended tokens could not move the earlier steps its minimum reads) and appended for a value head; reward before
+/ after (relaxed and discrete argmax tokens) and transfer of the discrete tokens to other wrong solutions.
 Tier 3, RL reward hacking (cpu preset only): a small byte-level policy, pretrained here on equation chains
 and fine-tuned on the word problems (`experiments._shared.adapters`; GRPO steps of SmolLM2 itself are too slow
 on 2 cores), trained by GRPO (G 8, no KL) whose only reward is the frozen PRM's score of its steps (the
@@ -76,7 +77,7 @@ class Config:
   attack_steps: int = 60
   attack_rows: int = 8
   attack_lr: float = 0.1
-  attack_position: str = "end"
+  attack_position: str = "auto"  # "auto": "middle" for a step head, "end" for a value head (as the paper)
   rl_iterations: int = 30
   rl_prompts: int = 8
   rl_group: int = 8
@@ -87,8 +88,9 @@ class Config:
   seed: int = 0
 
   def __post_init__(self):
-    if self.attack_position not in reward_attack.POSITIONS:
-      raise ValueError(f"attack_position must be one of {reward_attack.POSITIONS}, found {self.attack_position!r}")
+    if self.attack_position not in ("auto",) + reward_attack.POSITIONS:
+      raise ValueError(f"attack_position must be 'auto' or one of {reward_attack.POSITIONS}, found "
+                       f"{self.attack_position!r}")
     if self.steps_per_problem < 3:
       raise ValueError(f"steps_per_problem must be >= 3 (dropped_step removes a middle step), found "
                        f"{self.steps_per_problem}")
@@ -288,17 +290,22 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     raise ValueError(f"only {len(bad)} wrong test solutions; the attack needs 2 * attack_rows = "
                      f"{2 * cfg.attack_rows}: raise test_problems")
   fit, held = bad[:cfg.attack_rows], bad[cfg.attack_rows:]
-  acfg = reward_attack.Config(n_tokens=cfg.attack_tokens, position=cfg.attack_position, steps=cfg.attack_steps,
+  # appended tokens cannot move the earlier steps a min-aggregated step head reads (the LM is causal), so the
+  # step head is attacked between question and solution
+  position = cfg.attack_position if cfg.attack_position != "auto" else \
+      ("middle" if prm.head_cfg.kind == "step" else "end")
+  res["attack.position"] = position
+  acfg = reward_attack.Config(n_tokens=cfg.attack_tokens, position=position, steps=cfg.attack_steps,
                               lr=cfg.attack_lr, seed=cfg.seed)
   q = np.array([row[2] for row in rows])
   out = reward_attack.attack(acfg, prm.lm, prm.lm_cfg, prm.head, prm.head_cfg, toks[fit], mask[fit], q[fit], prm.sep)
   # "before": the solution as written with only the closing separator added at the end (the same final read)
   empty = lambda ix: np.asarray(reward_attack.discrete_rewards(prm.lm, prm.lm_cfg, prm.head, prm.head_cfg, toks[ix],
                                                                mask[ix], q[ix], np.zeros((0,), np.int32), prm.sep,
-                                                               cfg.attack_position))
+                                                               position))
   attacked = lambda ix: np.asarray(reward_attack.discrete_rewards(prm.lm, prm.lm_cfg, prm.head, prm.head_cfg,
                                                                   toks[ix], mask[ix], q[ix], out.tokens_K, prm.sep,
-                                                                  cfg.attack_position))
+                                                                  position))
   res["attack.reward_before"] = float(base[fit].mean())
   res["attack.reward_after"] = float(out.relaxed_BN[:, -1].mean())
   res["attack.discrete_reward_after"] = float(attacked(fit).mean())

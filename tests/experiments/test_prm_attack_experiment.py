@@ -83,7 +83,7 @@ def test_encoded_rows_carry_labels_at_the_separators_only():
 
 
 def test_bad_configs_are_named():
-  with pytest.raises(ValueError, match="attack_position must be one of"):
+  with pytest.raises(ValueError, match="attack_position must be 'auto' or one of"):
     registry.apply_overrides(exp.PRESETS["cpu"], ["attack_position=start"])
   with pytest.raises(ValueError, match="at least 2 \\* attack_rows"):
     registry.apply_overrides(exp.PRESETS["cpu"], ["test_problems=10"])
