@@ -143,10 +143,10 @@ def rewards(lm_params, lm_cfg: tfm.Config, head_params, head_cfg: heads.Config, 
 
 
 def _read(head_params, head_cfg: heads.Config, hidden_BSD, lay: Layout):
-  r_BS = heads.position_rewards(head_params, head_cfg, hidden_BSD)
   if head_cfg.kind == "step":
-    return heads.aggregate(r_BS, jnp.asarray(lay.steps_BS), "min")
-  return jnp.take_along_axis(r_BS, jnp.asarray(lay.last_B)[:, None], axis=1)[:, 0]
+    return heads.aggregate(heads.position_rewards(head_params, head_cfg, hidden_BSD), jnp.asarray(lay.steps_BS),
+                           "min")
+  return heads.last_token_reward(head_params, head_cfg, hidden_BSD, jnp.asarray(lay.mask_BS))  # = lay.last_B
 
 
 class Result(NamedTuple):
