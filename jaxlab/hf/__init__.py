@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from jaxlab.hf import decoder, encoder, io, llada, reward, spec as _spec, vision, whisper  # noqa: F401
 from jaxlab.hf.io import read_config  # noqa: F401
 from jaxlab.hf.family import FAMILIES, by_model_type, family_of  # noqa: F401
@@ -40,9 +38,8 @@ def load(path: str, dtype=None):
   tensors = io.read_dir(path)
   _spec.check(fam, cfg, tensors, path)
   params = _spec.to_params(fam, cfg, tensors, dtype)
-  first = next(iter(tensors.values())) if tensors else None
-  stored = _spec.dtype_name(dtype or (first.dtype if first is not None else np.float32))
-  if hasattr(cfg, "param_dtype") and stored in ("float32", "bfloat16", "float16"):
+  stored = _spec.stored_dtype(tensors, dtype)
+  if hasattr(cfg, "param_dtype") and stored:
     cfg = cfg.replace(param_dtype=stored)
   return cfg, params
 

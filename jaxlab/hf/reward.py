@@ -60,14 +60,14 @@ def load(path: str, dtype=None):
   lm_cfg = fam.config_from_hf(d)
   spec.check(fam, lm_cfg, lm_t, path)
   lm_params = spec.to_params(fam, lm_cfg, lm_t, dtype)
-  stored = spec.dtype_name(dtype or next(iter(lm_t.values())).dtype)
-  if stored in ("float32", "bfloat16", "float16"):
+  stored = spec.stored_dtype(lm_t, dtype)
+  if stored:
     lm_cfg = lm_cfg.replace(param_dtype=stored)
   head_cfg = heads.Config(kind=kind, d_model=lm_cfg.d_model)
   hfam = _head_family(kind)
   spec.check(hfam, head_cfg, head_t, path)
   head_params = spec.to_params(hfam, head_cfg, head_t, dtype)
-  return lm_cfg, lm_params, dataclasses.replace(head_cfg, param_dtype=stored), head_params
+  return lm_cfg, lm_params, dataclasses.replace(head_cfg, param_dtype=stored or head_cfg.param_dtype), head_params
 
 
 def save(path: str, lm_cfg, lm_params, head_cfg: heads.Config, head_params, dtype=None,

@@ -127,3 +127,12 @@ def from_params(fam: Family, cfg, params, dtype=None) -> dict[str, np.ndarray]:
     else:
       out[t.hf] = np.ascontiguousarray(arr)
   return out
+
+
+def stored_dtype(tensors: dict[str, np.ndarray], dtype=None) -> str | None:
+  """The param dtype a loaded checkpoint's config should carry: `dtype` if given, else the first tensor's, when
+  it is one of float32 / bfloat16 / float16 (None otherwise, and for no tensors without `dtype`)."""
+  first = next(iter(tensors.values()), None)
+  name = dtype_name(dtype or (first.dtype if first is not None else np.float32))
+  return name if name in ("float32", "bfloat16", "float16") else None
+
