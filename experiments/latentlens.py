@@ -377,7 +377,7 @@ def _write_examples(path, ids, nb, corpus, vocab, scenes, patches, n_images: int
 registry.register(registry.Experiment(
     name="latentlens", config_cls=Config, presets=PRESETS, run=run,
     description="LatentLens vs LogitLens/EmbeddingLens on a connector-trained VLM, judged per layer",
-    resume_may_change=("eval_batch", "judge"),
+    resume_may_change=("eval_batch", "judge"), seed_key=("seed", "train.seed"),
     paper="latentlens", claims=(
         Claim("beats_logitlens", "LatentLens describes more visual tokens interpretably than LogitLens",
               "68% vs 24% (mean over models)", "{interpretable.latentlens.mean} > {interpretable.logitlens.mean}"),

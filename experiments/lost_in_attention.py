@@ -1,10 +1,11 @@
 """Residual-update geometry of a VLM's LM ("lost in attention", ICML 2026; see jaxlab.interp.geometry) and task
 accuracy under attention interventions.
 
-On the connector-trained VLM of the latentlens experiment (its saved artifacts are reused when `source` names a
-latentlens run directory holding them; otherwise the same VLM is trained here by `_shared.vlm_pipeline.train_vlm`), each
-LM block's attention and MLP (FFN) updates are measured on teacher-forced "<bos> <image>xP caption" sequences:
-RID = dS + dD (how much an update changes the rank and leaves the spans of the residual stream) and MixIG
+On the connector-trained VLM of the latentlens experiment (reused from the `source` latentlens run, or from one of
+its reproduce siblings `NAME.seedK` / `NAME-N`, whose VLM was trained with this `train` config; a bare name is
+looked up beside this run's directory; otherwise the same VLM is trained here by `_shared.vlm_pipeline.train_vlm`),
+each LM block's attention and MLP (FFN) updates are measured on teacher-forced "<bos> <image>xP caption"
+sequences: RID = dS + dD (how much an update changes the rank and leaves the spans of the residual stream) and MixIG
 (the change in token-mixing entropy), per layer and averaged over layers and examples. X is the residual stream
 over the first `min_len` positions (image tokens and the start of the caption; `min_len` = the shortest
 sequence of the evaluation batch, so no padding enters).
@@ -19,12 +20,13 @@ The full preset takes a LLaVA checkpoint directory (`vlm_path`, with config.json
 and a JSON-lines file of {"image": path relative to the file, "caption": text} (`captions_path`); accuracy is
 then over every caption token. Missing or malformed paths stop the run with an error naming the path.
 
-  python -m experiments run lost_in_attention --preset cpu   # reuses runs/latentlens if it holds artifacts
+  python -m experiments run lost_in_attention --preset cpu   # reuses runs/latentlens's VLM if trained alike
   python -m experiments run lost_in_attention --preset full --set vlm_path=/ckpt/llava --set captions_path=c.jsonl
 """
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 
@@ -48,7 +50,7 @@ MODULES = ("attention", "ffn")
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """lost_in_attention settings. `train` is used only when `source` holds no trained VLM."""
+  """lost_in_attention settings. `train` is trained only when no `source` run holds a VLM trained with it."""
   source: str = ""
   train: pipe.TrainConfig = pipe.TRAIN_PRESETS["smoke"]
   n_eval_scenes: int = 8
@@ -70,7 +72,7 @@ class Config:
 
 PRESETS = {
     "smoke": Config(),
-    "cpu": Config(source="runs/latentlens", train=pipe.TRAIN_PRESETS["cpu"], n_eval_scenes=128, eval_batch=32),
+    "cpu": Config(source="latentlens", train=pipe.TRAIN_PRESETS["cpu"], n_eval_scenes=128, eval_batch=32),
     "full": Config(vlm_path="REQUIRED: --set vlm_path=DIR", captions_path="REQUIRED: --set captions_path=FILE",
                    n_eval_scenes=256, eval_batch=8),
 }
@@ -118,13 +120,27 @@ def _full_data(cfg: Config, art: pipe.Artifacts):
           "pixels": pipe.normalize(images, IMAGE_MEAN, IMAGE_STD)}
 
 
+def _sources(source: str, out_dir: str) -> list[str]:
+  """`source` (a bare name: beside `out_dir`) and its reproduce siblings: seeds `.seedK`, reruns `-N`."""
+  if not source:
+    return []
+  base = source if os.path.dirname(source) else os.path.join(os.path.dirname(os.path.abspath(out_dir)), source)
+  return [base] + sorted(glob.glob(glob.escape(base) + ".seed*") + glob.glob(glob.escape(base) + "-*"))
+
+
 def _trained(cfg: Config, out_dir: str, resume: bool):
   if cfg.vlm_path is not None:
     return pipe.load_checkpoint(cfg.vlm_path), "checkpoint"
-  for d in (cfg.source, out_dir if resume else None):
-    art = pipe.load_artifacts(d) if d else None
+  for d in _sources(cfg.source, out_dir):
+    art = pipe.load_artifacts(d, cfg.train)
     if art is not None:
       return art, "reused"
+  art = pipe.load_artifacts(out_dir) if resume else None
+  if art is not None:
+    return art, "reused"
+  if cfg.source:
+    print(f"lost_in_attention: no VLM trained with this train config under {cfg.source!r}; training one here",
+          flush=True)
   return pipe.train_vlm(cfg.train, out_dir, resume), "trained"
 
 
@@ -240,7 +256,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 registry.register(registry.Experiment(
     name="lost_in_attention", config_cls=Config, presets=PRESETS, run=run,
     description="RID / MixIG of attention vs FFN updates in the VLM's LM, accuracy under attention interventions",
-    resume_may_change=("eval_batch", "source"),
+    resume_may_change=("eval_batch", "source"), seed_key=("seed", "train.seed"),
     paper="lost_in_attention", claims=(
         Claim("rid", "attention updates change the residual stream's geometry less than FFN updates (RID)",
               "RID attention 0.06 vs FFN 0.21", "{rid.attention} < {rid.ffn}"),

@@ -1,6 +1,7 @@
 """The scene VLM shared by the latentlens and lost_in_attention experiments (LatentLens, arXiv:2602.00462).
 
-Three stages, each saved under `out_dir/artifacts` in HF formats and reused with `resume`:
+Three stages, each saved under `out_dir/artifacts` in HF formats and reused with `resume` (the VLM with the
+`TrainConfig` it was trained with, `train.json`, so another experiment reuses it only for the same config):
 (1) a word-level text LM (tokenizer: `scenes.vocabulary`) pretrained on caption-like and everyday text
 (`scenes.text_corpus`); (2) a small CLIP-style ViT trained to predict every patch's colour and shape
 (background patches: the background's colour and "none"); (3) only the LLaVA connector, with the ViT and LM
@@ -20,6 +21,7 @@ import numpy as np
 import optax
 
 from experiments._shared import recipes
+from experiments.runner.overrides import config_dict
 from jaxlab import hf, losses
 from jaxlab.data import load_tokenizer
 from jaxlab.data.tasks import scenes as scenes_lib
@@ -79,9 +81,11 @@ class TrainConfig:
 
 TRAIN_PRESETS = {
     "smoke": TrainConfig(),
+    # connector_lr 1e-3: at 5e-3 the connector's outputs grew to ~250x the text embeddings' norm and last-bit
+    # differences (one core instead of two) flipped the lens verdicts
     "cpu": TrainConfig(text=text_model(128, 3, 320), vision=vision_model(64, 2), n_texts=12000, lm_steps=1500,
                        lm_batch=32, lm_seq_len=64, lm_lr=6e-3, n_train_scenes=4000, vit_steps=400, vit_batch=64,
-                       vit_lr=2e-3, connector_steps=1200, connector_batch=32, connector_lr=5e-3, log_every=50),
+                       vit_lr=2e-3, connector_steps=1200, connector_batch=32, connector_lr=1e-3, log_every=50),
 }
 
 
@@ -164,11 +168,19 @@ def artifacts_dir(run_dir: str) -> str:
   return os.path.join(run_dir, "artifacts")
 
 
-def load_artifacts(run_dir: str) -> Artifacts | None:
-  """The trained VLM a run saved (llava directory with tokenizer.json), or None."""
+def load_artifacts(run_dir: str, train: TrainConfig | None = None) -> Artifacts | None:
+  """The trained VLM a run saved (llava directory with tokenizer.json), or None; with `train`, None also when
+  the VLM was not trained with that config (or did not record it)."""
   d = os.path.join(artifacts_dir(run_dir), "vlm")
   if not os.path.exists(os.path.join(d, "config.json")):
     return None
+  if train is not None:
+    saved = os.path.join(d, "train.json")
+    if not os.path.exists(saved):
+      return None
+    with open(saved) as f:
+      if json.load(f) != config_dict(train):
+        return None
   cfg, params = hf.load(d)
   hist, sc = {}, None
   if os.path.exists(os.path.join(d, "history.json")):
@@ -275,6 +287,8 @@ def train_vlm(cfg: TrainConfig, out_dir: str, resume: bool = False) -> Artifacts
     json.dump(hist, f)
   with open(os.path.join(d, "scenes.json"), "w") as f:
     json.dump(dataclasses.asdict(cfg.scenes), f)
+  with open(os.path.join(d, "train.json"), "w") as f:
+    json.dump(config_dict(cfg), f)
   return Artifacts(vcfg, params, tok, hist, cfg.scenes)
 
 

@@ -42,7 +42,8 @@ class Experiment:
     resume_may_change: top-level config fields allowed to differ from the saved config.json on --resume.
     paper: the short name of the paper this experiment reproduces (None: infrastructure, e.g. lm_pretrain).
     claims: the paper's claims, checked on results.json by `reproduce`.
-    seed_key: the config field `reproduce --seeds N` varies (None: the experiment is not repeated).
+    seed_key: the config field `reproduce --seeds N` varies, or a tuple of them (dotted names reach nested
+      configs; all move together; held as a tuple); None: the experiment is not repeated.
   """
   name: str
   config_cls: type
@@ -52,7 +53,7 @@ class Experiment:
   resume_may_change: tuple[str, ...] = ()
   paper: str | None = None
   claims: tuple[Claim, ...] = ()
-  seed_key: str | None = "seed"
+  seed_key: str | tuple[str, ...] | None = "seed"
 
   def __post_init__(self):
     if self.paper is not None and self.paper not in PAPERS:
@@ -61,8 +62,15 @@ class Experiment:
     if len(set(ids)) != len(ids):
       raise ValueError(f"experiment {self.name!r}: claim ids repeat: {ids}")
     fields = {f.name for f in dataclasses.fields(self.config_cls)}
-    if self.seed_key is not None and self.seed_key not in fields:
+    if self.seed_key == "seed" and "seed" not in fields:  # the default, for configs without a seed
       object.__setattr__(self, "seed_key", None)
+    elif self.seed_key is not None:
+      if isinstance(self.seed_key, str):
+        object.__setattr__(self, "seed_key", (self.seed_key,))
+      unknown = [k for k in self.seed_key if k.split(".")[0] not in fields]
+      if unknown:
+        raise ValueError(f"experiment {self.name!r}: seed_key names {unknown}, not fields of "
+                         f"{self.config_cls.__name__}")
     missing = [p for p in PRESETS if p not in self.presets]
     if missing:
       raise ValueError(f"experiment {self.name!r}: presets must include {PRESETS}, missing {missing}")

@@ -2,8 +2,8 @@
 
 Resumable: a (experiment, seed) whose run directory under the root already holds results for the same preset
 and config is read, not rerun (`force=True` reruns it into a fresh directory, keeping the old one); one that
-holds the same config without results (an interrupted run) is resumed. Seed k > 0 of an experiment sets its
-`seed_key` to the preset's value + k and runs in `root/NAME.seedK`.
+holds the same config without results (an interrupted run) is resumed. Seed k > 0 of an experiment sets each of
+its `seed_key` fields (dotted names reach nested configs) to the preset's value + k and runs in `root/NAME.seedK`.
 """
 from __future__ import annotations
 
@@ -63,6 +63,12 @@ def _duration(s: float) -> str:
   return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def _field(cfg, dotted: str):
+  for name in dotted.split("."):
+    cfg = getattr(cfg, name)
+  return cfg
+
+
 def machine() -> dict:
   import jax
   return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
@@ -80,9 +86,10 @@ def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = F
   plan = []
   for name in names:
     exp = exps[name]
-    base_seed = getattr(exp.presets[preset], exp.seed_key) if exp.seed_key else None
-    for k in range(seeds if exp.seed_key else 1):
-      sets = () if k == 0 else (f"{exp.seed_key}={base_seed + k}",)
+    keys = exp.seed_key or ()
+    base_seeds = [_field(exp.presets[preset], key) for key in keys]
+    for k in range(seeds if keys else 1):
+      sets = () if k == 0 else tuple(f"{key}={s + k}" for key, s in zip(keys, base_seeds))
       cfg = apply_overrides(exp.presets[preset], sets)
       plan.append((name, k, sets, os.path.join(root, name if k == 0 else f"{name}.seed{k}"), cfg))
   entries = {name: {"name": name, "run_dirs": [], "results_per_seed": []} for name in names}

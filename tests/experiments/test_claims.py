@@ -96,6 +96,30 @@ def test_reproduce_report_with_claims_seeds_and_resume(toy, tmp_path, capsys):
   assert RUNS == [(0, f"{root}/toy_b-2")] and os.path.exists(f"{root}/toy_b/results.json")  # the old run kept
 
 
+@dataclasses.dataclass(frozen=True)
+class Inner:
+  seed: int = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Nested:
+  seed: int = 0
+  train: Inner = Inner()
+
+
+def test_seeds_move_every_seed_key_together_nested_ones_included(toy, tmp_path, monkeypatch):
+  seen = []
+  presets = {p: Nested() for p in registry.PRESETS}
+  exp = registry.Experiment("toy_n", Nested, presets, lambda c, o, r: seen.append((c.seed, c.train.seed)) or {},
+                            seed_key=("seed", "train.seed"))
+  monkeypatch.setitem(toy, "toy_n", exp)
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", str(tmp_path), "--only", "toy_n", "--seeds", "3"]) == 0
+  assert seen == [(0, 10), (1, 11), (2, 12)]
+  assert registry.Experiment("toy_s", Nested, presets, _run, seed_key="train.seed").seed_key == ("train.seed",)
+  with pytest.raises(ValueError, match=r"seed_key names \['model.seed'\], not fields of Nested"):
+    registry.Experiment("toy_x", Nested, presets, _run, seed_key=("seed", "model.seed"))
+
+
 def test_readme_table_is_generated_from_the_report(toy, tmp_path):
   root = str(tmp_path / "runs")
   assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 0

@@ -232,6 +232,30 @@ def test_lost_in_attention_trains_when_no_source(ll_run, tmp_path, monkeypatch):
   assert origin2 == "reused" and len(seen) == 1
 
 
+def test_lost_in_attention_reuses_only_a_vlm_trained_with_its_train_config(ll_run, tmp_path, monkeypatch):
+  """A bare `source` is looked up beside the run; reproduce's seed siblings count; another config is retrained."""
+  import dataclasses
+  import shutil
+  root = tmp_path / "runs"
+  shutil.copytree(os.path.join(ll_run[0], "artifacts", "vlm"), root / "latentlens" / "artifacts" / "vlm")
+  seed1 = dataclasses.replace(pipe.TRAIN_PRESETS["smoke"], seed=1)
+  shutil.copytree(root / "latentlens", root / "latentlens.seed1")
+  with open(root / "latentlens.seed1" / "artifacts" / "vlm" / "train.json", "w") as f:
+    json.dump(json.loads(json.dumps(dataclasses.asdict(seed1))), f)
+  trained = []
+  monkeypatch.setattr(pipe, "train_vlm", lambda c, o, r: trained.append(c.seed) or pipe.load_artifacts(ll_run[0]))
+  out = str(root / "lost_in_attention")
+  assert lia._trained(lia.Config(source="latentlens"), out, False)[1] == "reused"
+  assert lia._sources("latentlens", out) == [str(root / "latentlens"), str(root / "latentlens.seed1")]
+  assert lia._trained(lia.Config(source="latentlens", train=seed1), out, False)[1] == "reused"
+  assert trained == []
+  seed2 = dataclasses.replace(seed1, seed=2)
+  assert lia._trained(lia.Config(source="latentlens", train=seed2), out, False)[1] == "trained"
+  os.remove(root / "latentlens" / "artifacts" / "vlm" / "train.json")  # a VLM that did not record its config
+  assert lia._trained(lia.Config(source=str(root / "latentlens")), out, False)[1] == "trained"
+  assert trained == [2, 0]
+
+
 def _ulp(a, seed=0):
   """`a` with every element moved by about one float32 ulp (relative 2^-23, random sign)."""
   sign = np.random.default_rng(seed).choice([-1.0, 1.0], size=np.shape(a)).astype(np.float32)
