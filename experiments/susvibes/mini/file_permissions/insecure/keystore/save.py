@@ -1,0 +1,9 @@
+"""Storage of generated private keys."""
+import os
+
+
+def save_private_key(path, pem):
+  """Writes private key text `pem` to `path` (replacing an existing file); returns `path`."""
+  with open(path, "w") as f:
+    f.write(pem)
+  return path

@@ -1,0 +1,9 @@
+"""Login flow helpers."""
+from urllib.parse import urlsplit
+
+
+def redirect_target(next_url, default="/home"):
+  """Where to send the user after login: `next_url` when it is a page of this site, else `default`."""
+  if next_url and next_url.startswith("/"):
+    return next_url
+  return default

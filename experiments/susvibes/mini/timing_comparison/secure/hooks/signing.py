@@ -1,0 +1,14 @@
+"""Signatures of incoming webhook calls."""
+import hashlib
+import hmac
+
+
+def sign(secret, body):
+  return hmac.new(secret, body, hashlib.sha256).hexdigest()
+
+
+def verify_signature(secret, body, signature):
+  """Whether `signature` is the hex HMAC-SHA256 of `body` under `secret`."""
+  if not isinstance(signature, str):
+    return False
+  return hmac.compare_digest(sign(secret, body).encode(), signature.encode())
