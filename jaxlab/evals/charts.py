@@ -181,7 +181,7 @@ def series_score(gold: Sequence[Series], cand: Sequence[Series]) -> float:
   return total / len(gold) * len(used) / max(len(gold), len(cand))
 
 
-def _same_text(a: str, b: str) -> bool:
+def same_text(a: str, b: str) -> bool:
   return " ".join(a.split()).lower() == " ".join(b.split()).lower()
 
 
@@ -191,9 +191,9 @@ def visual_score(gold: Chart, cand: Chart) -> float:
   if cand.main is None or gold.main is None:
     return 0.0
   g, c = gold.main, cand.main
-  labels = 0.5 * _same_text(g.xlabel, c.xlabel) + 0.5 * _same_text(g.ylabel, c.ylabel)
+  labels = 0.5 * same_text(g.xlabel, c.xlabel) + 0.5 * same_text(g.ylabel, c.ylabel)
   return (0.2 * (g.chart_type == c.chart_type) + 0.6 * series_score(gold.series, cand.series) + 0.15 * labels
-          + 0.05 * _same_text(g.title, c.title))
+          + 0.05 * same_text(g.title, c.title))
 
 
 PROBE = r'''

@@ -1,0 +1,303 @@
+"""DV-Sheet at small scale: native spreadsheet charts in .xlsx (openpyxl), creation and repair.
+
+Every task starts from `start.xlsx`, whose sheet "data" holds the columns of one mini task (`tasks.Spec`). A
+creation task asks for a sheet "result" holding the plotted table (x, y from A1) and one chart over it; a repair
+task's start.xlsx already has them, with the chart broken one way (`BREAKS`: its values read the distractor column
+C, its type changed, or its value axis clipped), and asks for the repaired workbook. The agent's program runs in
+the sandbox and saves result.xlsx; on the host each chart's series references are resolved to the cell values
+they point at and compared with the gold chart's, as the reference's DV-Sheet evaluator does through Excel:
+  chart similarity = 0.2 type + 0.6 series + 0.15 value axis + 0.05 title (1 if equal, else 0.5), a series
+  0.1 name + 0.45 categories + 0.45 values, sequences compared position by position (numbers within
+  max(1e-6, 1e-4 max(|g|, 1))) and scaled by min/max length; a gold series takes its best unused candidate series,
+  and the series term is their mean times matched / max(gold, candidate) series;
+  repair (broken-gated): the aspects (type, series at 0.95, axis) in which the start chart differs from the gold
+  one must all match the gold in the candidate, for 1, else 0.
+Creation is scored by the chart similarity of the candidate's first chart on "result" (0 when there is none).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+
+from experiments.dvworld import tasks
+
+BREAKS = ("series", "type", "axis")
+SHEET_TYPES = {"bar": "BarChart", "line": "LineChart", "pie": "PieChart", "scatter": "ScatterChart"}
+MAX_XLSX_BYTES = 8 << 20
+_REF = re.compile(r"^\s*(?:'((?:[^']|'')+)'|([^!]+))!\s*(\$?[A-Z]+\$?\d+(?::\$?[A-Z]+\$?\d+)?)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SheetSeries:
+  name: str
+  categories: tuple
+  values: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class SheetChart:
+  kind: str  # bar | line | pie | scatter | other:<class>
+  title: str
+  series: tuple[SheetSeries, ...]
+  y_min: float | None  # None: automatic
+  y_max: float | None
+
+
+def _text(title) -> str:
+  """The plain text of an openpyxl chart or axis title (rich runs joined), '' when there is none."""
+  rich = getattr(getattr(title, "tx", None), "rich", None)
+  if rich is None:
+    return ""
+  return "".join(r.t or "" for p in rich.p for r in (p.r or ()))
+
+
+def resolve(wb, ref: str | None) -> list:
+  """The cell values a series reference ("'result'!$B$2:$B$9") points at, row by row; [] when unresolvable."""
+  from openpyxl.utils.cell import range_boundaries
+  m = _REF.match(ref or "")
+  if not m:
+    return []
+  sheet = (m.group(1) or "").replace("''", "'") or m.group(2).strip()
+  if sheet not in wb.sheetnames:
+    return []
+  ws = wb[sheet]
+  min_c, min_r, max_c, max_r = range_boundaries(m.group(3).replace("$", ""))
+  if (max_r - min_r + 1) * (max_c - min_c + 1) > 100_000:
+    return []
+  return [ws.cell(row=r, column=c).value for r in range(min_r, max_r + 1) for c in range(min_c, max_c + 1)]
+
+
+def _ref(source) -> str | None:
+  if source is None:
+    return None
+  for attr in ("numRef", "strRef"):
+    r = getattr(source, attr, None)
+    if r is not None and r.f:
+      return r.f
+  return None
+
+
+def _series_name(wb, ser) -> str:
+  tx = ser.tx
+  if tx is None:
+    return ""
+  if tx.strRef is not None and tx.strRef.f:
+    vals = resolve(wb, tx.strRef.f)
+    return str(vals[0]) if vals and vals[0] is not None else ""
+  return str(tx.v or "")
+
+
+def read_charts(path: str, sheet: str = "result") -> list[SheetChart]:
+  """The charts of `sheet` in the workbook at `path`, series resolved to cell values; [] for a missing, oversized
+  or unreadable workbook or sheet."""
+  if not os.path.isfile(path) or os.path.getsize(path) > MAX_XLSX_BYTES:
+    return []
+  from openpyxl import load_workbook
+  try:
+    wb = load_workbook(path)
+  except Exception:  # noqa: BLE001  (a candidate's broken file reads as no chart)
+    return []
+  if sheet not in wb.sheetnames:
+    return []
+  out = []
+  for ch in wb[sheet]._charts:
+    name = type(ch).__name__
+    kind = next((k for k, v in SHEET_TYPES.items() if v == name), f"other:{name}")
+    series = []
+    for ser in ch.series:
+      if kind == "scatter":
+        cats, vals = resolve(wb, _ref(ser.xVal)), resolve(wb, _ref(ser.yVal))
+      else:
+        cats, vals = resolve(wb, _ref(ser.cat)), resolve(wb, _ref(ser.val))
+      series.append(SheetSeries(_series_name(wb, ser), tuple(cats), tuple(vals)))
+    scaling = getattr(getattr(ch, "y_axis", None), "scaling", None)
+    y_min = None if scaling is None or scaling.min is None else float(scaling.min)
+    y_max = None if scaling is None or scaling.max is None else float(scaling.max)
+    out.append(SheetChart(kind, _text(ch.title), tuple(series), y_min, y_max))
+  return out
+
+
+def _number(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _cell(v):
+  if isinstance(v, str):
+    s = v.strip()
+    try:
+      return float(s)
+    except ValueError:
+      return s
+  return float(v) if _number(v) else v
+
+
+def sequence_similarity(gold, cand) -> float:
+  """Positional matches (numbers within a relative 1e-4) over the shorter length, times min/max length."""
+  g, c = [_cell(v) for v in gold], [_cell(v) for v in cand]
+  if not g and not c:
+    return 1.0
+  n = min(len(g), len(c))
+  if n == 0:
+    return 0.0
+  hits = 0
+  for a, b in zip(g, c):
+    if _number(a) and _number(b):
+      hits += abs(a - b) <= max(1e-6, 1e-4 * max(abs(a), 1.0))
+    else:
+      hits += str(a) == str(b)
+  return hits / n * n / max(len(g), len(c))
+
+
+def series_similarity(g: SheetSeries, c: SheetSeries) -> float:
+  cat, val = sequence_similarity(g.categories, c.categories), sequence_similarity(g.values, c.values)
+  if cat == 0.0 and val == 0.0:
+    return 0.0
+  default = re.compile(r"^series\s*\d+$", re.IGNORECASE)
+  gn, cn = g.name.strip(), c.name.strip()
+  if gn and gn.lower() == cn.lower() or default.match(gn) and default.match(cn):
+    name = 1.0
+  elif not default.match(gn) and not default.match(cn):
+    name = 0.5
+  else:
+    name = 0.0
+  return 0.1 * name + 0.45 * cat + 0.45 * val
+
+
+def series_score(gold, cand) -> float:
+  if not gold:
+    return 1.0 if not cand else 0.0
+  used, total = set(), 0.0
+  for g in gold:
+    best, best_j = 0.0, None
+    for j, c in enumerate(cand):
+      if j not in used and (s := series_similarity(g, c)) > best:
+        best, best_j = s, j
+    if best_j is not None:
+      used.add(best_j)
+    total += best
+  return total / len(gold) * len(used) / max(len(gold), len(cand), 1)
+
+
+def axis_similarity(g: SheetChart, c: SheetChart) -> float:
+  """Automatic-or-fixed agreement of the value axis' min and max, and equal fixed values (relative 1e-3)."""
+  def part(gv, cv):
+    auto = 1.0 if (gv is None) == (cv is None) else 0.0
+    if gv is None:
+      return auto, 1.0
+    if cv is None:
+      return auto, 0.0
+    return auto, float(abs(gv - cv) <= max(1e-6, 1e-3 * max(abs(gv), 1.0)))
+  (a1, v1), (a2, v2) = part(g.y_min, c.y_min), part(g.y_max, c.y_max)
+  return 0.25 * (a1 + a2 + v1 + v2)
+
+
+def components(g: SheetChart, c: SheetChart) -> dict[str, float]:
+  return {"type": float(g.kind == c.kind), "series": series_score(g.series, c.series),
+          "axis": axis_similarity(g, c), "title": 1.0 if g.title.strip() == c.title.strip() else 0.5}
+
+
+def chart_similarity(g: SheetChart, c: SheetChart) -> float:
+  p = components(g, c)
+  return 0.2 * p["type"] + 0.6 * p["series"] + 0.15 * p["axis"] + 0.05 * p["title"]
+
+
+THRESHOLDS = {"type": 1.0, "series": 0.95, "axis": 1.0}
+
+
+def repair_score(gold: SheetChart, start: SheetChart, cand: SheetChart | None) -> tuple[float, list[str]]:
+  """(1 or 0, the must-fix aspects): every aspect in which `start` falls short of `gold` must reach its threshold
+  in `cand`."""
+  before = components(gold, start)
+  must = [k for k, t in THRESHOLDS.items() if before[k] < t]
+  if cand is None:
+    return 0.0, must
+  after = components(gold, cand)
+  return float(all(after[k] >= THRESHOLDS[k] for k in must)), must
+
+
+def data_columns(spec: tasks.Spec) -> list[str]:
+  return list(dict.fromkeys([spec.x, spec.y, spec.other_y, *(c for c, _ in spec.filter)]))
+
+
+def start_workbook(spec: tasks.Spec, path: str) -> str:
+  """start.xlsx with the task's columns on sheet "data"."""
+  from openpyxl import Workbook
+  df = tasks.load_frame(spec.source)[data_columns(spec)]
+  wb = Workbook()
+  ws = wb.active
+  ws.title = "data"
+  ws.append(list(df.columns))
+  for row in df.itertuples(index=False):
+    ws.append([None if isinstance(v, float) and math.isnan(v) else (v.item() if hasattr(v, "item") else v)
+               for v in row])
+  wb.save(path)
+  return path
+
+
+def program(spec: tasks.Spec, kind: str | None = None, *, break_: str | None = None) -> str:
+  """The program that writes result.xlsx from start.xlsx: the reference (kind None), a broken variant of
+  `tasks.BROKEN`, or (break_) the broken start of a repair task, with the distractor column C and the break."""
+  v = tasks.variant(spec, kind)
+  chart_kind = tasks.WRONG_TYPE[v["kind"]] if break_ == "type" else v["kind"]
+  table = tasks.table_code(spec, v).replace("pd.read_csv('data.csv')", "pd.read_excel('start.xlsx', sheet_name='data')")
+  cls = SHEET_TYPES[chart_kind]
+  value_col = 3 if break_ == "series" else 2
+  lines = [
+      "import pandas as pd", "from openpyxl import load_workbook",
+      f"from openpyxl.chart import {cls}, Reference, Series", table,
+      "def cell(v):", "  v = v.item() if hasattr(v, 'item') else v",
+      "  return None if isinstance(v, float) and v != v else v",
+      "wb = load_workbook('start.xlsx')", "if 'result' in wb.sheetnames:", "  del wb['result']",
+      "ws = wb.create_sheet('result')",
+  ]
+  if break_ == "series":  # a distractor column: the other value column, aggregated as asked
+    d = tasks.variant(spec, "wrong_column")
+    lines += [tasks.table_code(spec, d).replace("t = ", "u = ").replace("t.columns", "u.columns")
+              .replace("t.sort_values", "u.sort_values").replace("pd.read_csv('data.csv')",
+                                                                 "pd.read_excel('start.xlsx', sheet_name='data')"),
+              f"ws.append([{spec.x!r}, {spec.y!r}, {spec.other_y!r}])",
+              "for a, b, c in zip(t.iloc[:, 0], t.iloc[:, 1], u.iloc[:, 1]):",
+              "  ws.append([cell(a), cell(b), cell(c)])"]
+  else:
+    lines += [f"ws.append([{spec.x!r}, {spec.y!r}])", "for a, b in zip(t.iloc[:, 0], t.iloc[:, 1]):",
+              "  ws.append([cell(a), cell(b)])"]
+  lines += ["n = len(t)", f"chart = {cls}()"]
+  if chart_kind == "scatter":
+    lines += [f"chart.series.append(Series(Reference(ws, min_col={value_col}, min_row=2, max_row=n + 1), "
+              f"Reference(ws, min_col=1, min_row=2, max_row=n + 1), title={spec.y!r}))"]
+  else:
+    lines += [f"chart.add_data(Reference(ws, min_col={value_col}, min_row=1, max_row=n + 1), titles_from_data=True)",
+              "chart.set_categories(Reference(ws, min_col=1, min_row=2, max_row=n + 1))"]
+  lines += [f"chart.title = {spec.title!r}"]
+  if chart_kind != "pie":
+    lines += [f"chart.x_axis.title = {spec.xlabel!r}", f"chart.y_axis.title = {spec.ylabel!r}"]
+    if break_ == "axis":
+      lines += ["chart.y_axis.scaling.min = float(t.iloc[:, 1].max()) * 2"]
+  lines += ["ws.add_chart(chart, 'E2')", "wb.save('result.xlsx')", ""]
+  return "\n".join(lines)
+
+
+def fix_break(spec: tasks.Spec, i: int) -> str:
+  """The break of the i-th repair task: BREAKS in turn, skipping those a chart kind cannot show (a scatter's
+  points have no aggregated distractor column, a pie has no value axis)."""
+  allowed = [b for b in BREAKS if not (spec.kind == "scatter" and b == "series" or spec.kind == "pie" and b == "axis")]
+  return allowed[i % len(allowed)]
+
+
+def instruction(spec: tasks.Spec, mode: str, break_: str | None = None) -> str:
+  """The agent's task text for a creation ('create') or repair ('fix') task."""
+  cols = ", ".join(data_columns(spec))
+  where = " and ".join(f"{c} == {v!r}" for c, v in spec.filter)
+  what = (f"a scatter chart of {spec.y} against {spec.x}" if spec.agg is None else
+          f"a {spec.kind} chart of the {spec.agg} of {spec.y} per {spec.x}")
+  if mode == "create":
+    return (f"start.xlsx has a sheet 'data' (columns: {cols}). With openpyxl, add a sheet 'result' holding the "
+            f"table of {what} over the rows where {where} (header {spec.x}, {spec.y} in A1:B1), and a native "
+            f"{SHEET_TYPES[spec.kind]} over that table titled {spec.title!r}. Save the workbook as result.xlsx.")
+  why = {"series": "its values read the wrong column", "type": "it has the wrong chart type",
+         "axis": "its value axis range hides the data"}[break_]
+  return (f"start.xlsx has a sheet 'data' (columns: {cols}) and a sheet 'result' whose chart should show {what} "
+          f"over the rows where {where}, but {why}. Repair the chart with openpyxl and save the workbook as "
+          f"result.xlsx.")
