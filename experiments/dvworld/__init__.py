@@ -135,7 +135,7 @@ def run_evol(cfg, specs, frames, agents, judge, out_dir, log) -> dict:
       table = charts.table_alignment(g.chart.table, c.chart.table) if c.chart.table else 0.0
       verdict = judge(s.instruction(list(frames[s.source].columns)), g, c)
       rows.append({"domain": "evol", "agent": name, "task": s.id, "table": table, "visual": verdict.score,
-                   "series_visual": charts.visual_score(g.chart, c.chart),
+                   "rubric": verdict.items if cfg.judge == "rule" else None,
                    "score": charts.dv_evol_score(verdict.score, table, cfg.vis_weight), "error": c.chart.error})
       log(rows[-1])
     res[f"table_alignment.{name}"] = _mean([r["table"] for r in rows])
@@ -162,18 +162,18 @@ def run_sheet(cfg, specs, agents, out_dir, log) -> dict:
   start = lambda s, mode: starts[s.id] if mode == "create" else os.path.join(root, f"break.{s.id}", "result.xlsx")
   jobs = {name: [charts.Job(p, {"start.xlsx": start(s, mode)}, f"{name}.{mode}.{s.id}")
                  for (s, mode, _), p in zip(items, agent.sheet_programs(items))] for name, agent in agents.items()}
-  _execute(cfg, [], jobs, keep=["result.xlsx"], keep_dir=os.path.join(root, "agents"))
+  _, runs = _execute(cfg, [], jobs, keep=["result.xlsx"], keep_dir=os.path.join(root, "agents"))
   res = {}
   for name in agents:
     rows = []
-    for (s, mode, brk), job in zip(items, jobs[name]):
+    for (s, mode, brk), job, ran in zip(items, jobs[name], runs[name]):
       cand = sheet.read_charts(os.path.join(root, "agents", job.name, "result.xlsx"))
       if mode == "create":
         score, must = (sheet.chart_similarity(gold[s.id][0], cand[0]) if cand else 0.0), None
       else:
         score, must = sheet.repair_score(gold[s.id][0], broken[s.id][0], cand[0] if cand else None)
       rows.append({"domain": "sheet", "agent": name, "task": s.id, "mode": mode, "break": brk, "must_fix": must,
-                   "charts": len(cand), "score": score})
+                   "charts": len(cand), "score": score, "error": ran.chart.error})
       log(rows[-1])
     res[f"sheet.{name}"] = _mean([r["score"] for r in rows])
     res[f"sheet_create.{name}"] = _mean([r["score"] for r in rows if r["mode"] == "create"])

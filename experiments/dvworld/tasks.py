@@ -64,10 +64,12 @@ class Spec:
     where = " and ".join(f"{c} == {v!r}" for c, v in self.filter)
     what = (f"a scatter plot of {self.y} against {self.x}" if self.agg is None else
             f"a {self.kind} chart of the {self.agg} of {self.y} per {self.x}")
+    labels = (f", label the x axis {self.xlabel!r} and the y axis {self.ylabel!r}" if self.xlabel or self.ylabel
+              else "")
     return (f"data.csv holds the '{self.source}' table (columns: {', '.join(columns)}). Using only the rows where "
             f"{where}, draw {what} with matplotlib{', x sorted ascending' if self.kind == 'line' else ''}. Title it "
-            f"{self.title!r}, label the x axis {self.xlabel!r} and the y axis {self.ylabel!r}, save it as "
-            f"result.png, and write the plotted table to result.csv with columns {self.x}, {self.y}.")
+            f"{self.title!r}{labels}, save it as result.png, and write the plotted table to result.csv with columns "
+            f"{self.x}, {self.y}.")
 
 
 TASKS = (

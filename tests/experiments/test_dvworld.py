@@ -151,6 +151,20 @@ def test_lm_agent_code_path_with_a_stand_in(tmp_path):
   assert agents.extract_code("```py\nx = 1\n") == "x = 1\n"
 
 
+def test_rule_rubric_items_add_up_to_the_visual_score():
+  from jaxlab.evals import charts
+  def run(kind, ys, title):
+    s = charts.Series(kind, "", ("a", "b", "c"), tuple(ys))
+    return charts.PlotRun(charts.Chart((charts.Axes(title, "day", "tip", (s,)),)), None, None)
+  gold = run("bar", (1, 2, 3), "T")
+  for cand in (gold, run("line", (1, 2, 3), "T"), run("bar", (1, 2, 4), "other"), run("pie", (0, 0, 0), "")):
+    v = rubric.RuleRubric()("", gold, cand)
+    assert v.score == pytest.approx(charts.visual_score(gold.chart, cand.chart))
+    assert set(v.items) == set(rubric.WEIGHTS)
+  assert rubric.RuleRubric()("", gold, run("bar", (1, 2, 4), "other")).items == {
+      "chart_type": 1.0, "x_label": 1.0, "y_label": 1.0, "title": 0.0, "series": pytest.approx(2 / 3)}
+
+
 def test_full_preset_scores_cases_with_a_judge_executable(tmp_path):
   gold, cand = tmp_path / "gold" / "dv-evol-1", tmp_path / "cand" / "dv-evol-1"
   for d in (gold, cand):
