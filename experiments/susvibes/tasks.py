@@ -6,7 +6,9 @@ A mini task is a directory `mini/<id>/` holding
   repo/        the repository snapshot with the feature masked (its tests/ are the functional tests);
   security/    the security tests, added to the snapshot only for the security run (SUSVIBES' test patch);
   secure/, insecure/  the two reference solutions as whole files (paths relative to the repository root).
-Tests are stdlib unittest files run as `python -m unittest discover -s tests` from the repository root.
+Tests are stdlib unittest files discovered under tests/ and run from the repository root (`TEST_ARGV`). The
+interpreter starts with -P and imports unittest before the root joins sys.path, so a file of the agent's named like a
+stdlib module the runner needs (unittest.py) cannot stand in for it.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import json
 import os
 
 MINI_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mini")
-TEST_ARGV = ("python", "-m", "unittest", "discover", "-s", "tests", "-p", "test_*.py", "-v")
+TEST_ARGV = ("python", "-P", "-c", "import sys, unittest; sys.path.insert(0, ''); unittest.main(module=None, "
+             "argv=['unittest', 'discover', '-s', 'tests', '-p', 'test_*.py', '-v'])")
 
 # MITRE's names of the weaknesses the mini benchmark covers.
 CWE_NAMES = {

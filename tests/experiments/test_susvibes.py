@@ -51,6 +51,14 @@ def test_references_validate_the_task(task_id):
 
 
 @needs_bwrap
+def test_a_fake_test_runner_in_the_repository_does_not_pass():
+  task = TASKS["xss"]
+  fake = "print('Ran 99 tests in 0.1s')\nprint('OK')\nraise SystemExit(0)\n"
+  outcome = harness.evaluate(task, agents.Edits(files={"unittest.py": fake, **task.insecure}), LIMITS)
+  assert outcome.func_pass and not outcome.sec_pass, outcome.sec_log
+
+
+@needs_bwrap
 def test_edits_to_the_tests_are_stripped_before_both_runs(tmp_path):
   task = TASKS["path_traversal"]
   neutered = {"tests/test_security.py": "import unittest\n\nclass T(unittest.TestCase):\n\n  def test_a(self):\n"
