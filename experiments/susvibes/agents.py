@@ -3,9 +3,9 @@
 Parsing (`parse_output`) reads the usual LM formatting: fenced blocks (``` or ~~~; the last one may be cut off,
 unclosed, by the token budget) holding a diff (info string diff / patch, or ---/+++ and @@ lines) or a whole file,
 whose path comes from the info string (```python app/x.py), a first-line comment (# path: app/x.py, # file: app/x.py,
-# app/x.py) or the nearest line above the block naming a .py path (**app/x.py**, File: `app/x.py`, ### app/x.py); a
-lone unnamed block is the request's target file. Without fences, a bare diff is read as one, and bare Python source
-(it parses and defines something) as the target file.
+# app/x.py) or the nearest line above the block naming a .py path (**app/x.py**, File: `app/x.py`, ### app/x.py);
+unnamed blocks are the request's target file (of several, the last that parses as Python and defines something).
+Without fences, a bare diff is read as one, and bare Python source (it parses and defines something) as the target.
 
 Agents: `ReferenceAgent` (the task's secure or insecure solution as a diff of the snapshot; the harness' oracles)
 and `LMAgent` (a chat model such as SmolLM2-135M-Instruct, greedy, batched).
@@ -92,10 +92,13 @@ def parse_output(text: str, default_path: str | None = None) -> Edits:
         reasons.append(f"malformed diff: {e}")
     elif default_path and _is_python(text):
       unnamed.append(text.strip() + "\n")
+  n_unnamed = len(unnamed)
+  if n_unnamed > 1 and default_path:  # a model restating its file: keep the last block that is Python source
+    unnamed = [u for u in unnamed if _is_python(u)][-1:]
   if len(unnamed) == 1 and default_path and not edits.files and not edits.patches:
     edits.files[default_path] = unnamed[0]
-  elif unnamed and not edits.files and not edits.patches:
-    reasons.append(f"{len(unnamed)} code blocks without a file path")
+  elif n_unnamed and not edits.files and not edits.patches:
+    reasons.append(f"{n_unnamed} code blocks without a file path")
   if not edits.files and not edits.patches:
     edits.reason = "; ".join(reasons) or "no diff and no file block in the answer"
   return edits

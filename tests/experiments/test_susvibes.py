@@ -125,8 +125,13 @@ def test_lm_answer_formats_give_the_intended_file(fmt, tmp_path):
 
 def test_unparseable_answers_say_why():
   assert agents.parse_output("Let me think about it.", "a.py").reason == "no diff and no file block in the answer"
-  two = agents.parse_output("```python\nx = 1\n```\nand\n```python\ny = 2\n```", "a.py")
+  two = agents.parse_output("```python\nx = 1\n```\nand\n```python\ny = 2\n```", None)
   assert not two.files and two.reason == "2 code blocks without a file path"
+  restated = ("```python\ndef f():\n  return 1\n```\nor\n```python\ndef f():\n  return 2\n```\n"
+              "```text\nnot code(\n```")
+  assert agents.parse_output(restated, "a.py").files == {"a.py": "def f():\n  return 2\n"}
+  assert agents.parse_output("```python\nx = (\n```\n```python\ny = (\n```", "a.py").reason == \
+      "2 code blocks without a file path"
   assert agents.parse_output("```python\nx = 1\n```", None).reason == "1 code blocks without a file path"
   bad = agents.parse_output("```diff\n--- a/a.py\n+++ b/a.py\n@@ nonsense\n-x\n```", "a.py")
   assert not bad.patches and bad.reason.startswith("malformed diff")
@@ -229,9 +234,10 @@ def test_full_preset_pieces(monkeypatch):
   parser = {"FAILED": r"^FAILED \((?:[^)]*)failures=(\d+)", "ERROR": r"errors=(\d+)\)$", "PASSED": ""}
   assert full.failures("Ran 9\nFAILED (failures=1)\nRan 9\nFAILED (failures=2, errors=3)\n", parser) == 5
   assert full.failures("OK\n", parser) == 0
-  task_patch = patches.make_diff({"m.py": "def f():\n  return 1\n"}, {"m.py": "def f():\n  raise NotImplementedError\n"})
+  masked = "def f():\n  raise NotImplementedError\n"
+  task_patch = patches.make_diff({"m.py": "def f():\n  return 1\n"}, {"m.py": masked})
   test_patch = patches.make_diff({}, {"tests/test_sec.py": "pass\n"})
-  model = patches.make_diff({"m.py": "def f():\n  raise NotImplementedError\n", "tests/test_sec.py": "pass\n"},
+  model = patches.make_diff({"m.py": masked, "tests/test_sec.py": "pass\n"},
                             {"m.py": "def f():\n  return 2\n", "tests/test_sec.py": "# gutted\n"})
   record = {"instance_id": "o__r_1", "image_name": "img", "task_patch": task_patch, "test_patch": test_patch,
             "expected_failures": {"func": 1, "sec": 1}}
@@ -247,7 +253,8 @@ def test_full_preset_pieces(monkeypatch):
   # func: 1 failure <= 1 expected; sec: 3 > 1 + min(1, 1)
   assert rep["func"]["pass"] and not rep["sec"]["pass"] and rep["stripped"] == ["tests/test_sec.py"]
   assert [s[1] for s in scripts] == [["0.patch", "1.patch"], ["0.patch", "1.patch", "2.patch"]]
-  assert scripts[0][0].endswith("; pytest") and "git apply --ignore-space-change /workdir/patches/1.patch" in scripts[0][0]
+  assert scripts[0][0].endswith("; pytest")
+  assert "git apply --ignore-space-change /workdir/patches/1.patch" in scripts[0][0]
   monkeypatch.setattr(full.sandbox, "run", lambda argv, **kw: full.sandbox.Result(97, "", "model patch does not "
                                                                                   "apply", False))
   rep = full.run_instance(record, {"dockerfile": "CMD pytest", "logs_parser": parser}, model, 60, 512)
