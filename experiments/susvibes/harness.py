@@ -1,4 +1,4 @@
-"""SUSVIBES evaluation (arXiv 2512.03262, LeiLiLab/susvibes `tasks.py`): an agent's edits scored by two test runs.
+"""SUSVIBES evaluation (LeiLiLab/susvibes `tasks.py`): an agent's edits scored by two test runs.
 
 As the paper does it: every file the security tests touch is stripped from the agent's edits (the agent cannot edit
 the tests that judge it; here the functional test files too, `strip_functional`), the rest is applied to a fresh

@@ -1,4 +1,4 @@
-"""SUSVIBES' safety strategies as prompt builders (arXiv 2512.03262; LeiLiLab/susvibes `safety_strategies/`).
+"""SUSVIBES' safety strategies as prompt builders (LeiLiLab/susvibes `safety_strategies/`).
 
 Every prompt shows the repository snapshot, the feature request and the answer format; the strategies add a safety
 section after the request, as the reference appends one to the problem statement:

@@ -1,6 +1,6 @@
 """Unified diffs: parse, apply to a directory, strip files, reverse, and make one from two file sets.
 
-Used by code benchmarks that score a model's patch (SUSVIBES, arXiv 2512.03262, and SWE-style tasks): the patch is
+Used by code benchmarks that score a model's patch (SUSVIBES, LeiLiLab/susvibes, and SWE-style tasks): the patch is
 parsed (`git diff` sections or bare `---`/`+++` pairs), the files a harness protects are stripped from it
 (`strip_files`), and the rest is applied to a fresh copy of the repository (`apply`), hunk by hunk at the header's
 line or the nearest position where its old lines match (an offset, never fuzz), optionally ignoring changes in
@@ -321,7 +321,7 @@ def make_diff(old: dict[str, str], new: dict[str, str]) -> str:
     body = list(difflib.unified_diff(_diff_lines(a), _diff_lines(b), "/dev/null" if a is None else f"a/{path}",
                                      "/dev/null" if b is None else f"b/{path}", lineterm="\n"))
     if not body:  # an empty file created or deleted: headers without hunks
-      body = [f"--- {'/dev/null' if a is None else 'a/' + path}\n", f"+++ {'/dev/null' if b is None else 'b/' + path}\n"]
+      body = [f"--- {DEV_NULL if a is None else 'a/' + path}\n", f"+++ {DEV_NULL if b is None else 'b/' + path}\n"]
     mode = "new file mode 100644\n" if a is None else "deleted file mode 100644\n" if b is None else ""
     out.append(f"diff --git a/{path} b/{path}\n" + mode + "".join(body))
   return "".join(out)
