@@ -87,14 +87,17 @@ PRESETS = {
 
 
 def make_agent(name: str, cfg: Config):
-  """(task -> prompt -> text, None) for an agent, or (None, reason) when its model is not installed."""
+  """(task -> prompt -> text, None) for an agent, or (None, reason) when its registered model is not installed."""
   if name in ("reference_secure", "reference_insecure"):
     kind = name.split("_")[1]
     return (lambda task: agents_lib.ReferenceAgent(task, kind)), None
+  from jaxlab.models import registry as models
   try:
     lm = agents_lib.LMAgent(cfg.model, cfg.max_new_tokens, cfg.batch_size)
-  except (FileNotFoundError, ModuleNotFoundError) as e:
-    return None, f"model {cfg.model!r} is not installed ({type(e).__name__}: {e})"
+  except FileNotFoundError as e:
+    if cfg.model not in models.REAL_MODELS:  # a path given by the user must exist
+      raise
+    return None, f"model {cfg.model!r} is not installed ({e})"
   return (lambda task: lm), None
 
 

@@ -3,8 +3,8 @@
 Parsing (`parse_output`) reads the usual LM formatting: fenced blocks (``` or ~~~; the last one may be cut off,
 unclosed, by the token budget) holding a diff (info string diff / patch, or ---/+++ and @@ lines) or a whole file,
 whose path comes from the info string (```python app/x.py), a first-line comment (# path: app/x.py, # file: app/x.py,
-# app/x.py) or the nearest line above the block naming a .py path (**app/x.py**, File: `app/x.py`, ### app/x.py);
-unnamed blocks are the request's target file (of several, the last that parses as Python and defines something).
+# app/x.py) or the nearest line above the block naming a path (**app/x.py**, File: `app/x.py`, ### app/x.py);
+unnamed Python blocks are the request's target file (of several, the last that parses as Python and defines something).
 Without fences, a bare diff is read as one, and bare Python source (it parses and defines something) as the target.
 
 Agents: `ReferenceAgent` (the task's secure or insecure solution as a diff of the snapshot; the harness' oracles)
@@ -21,7 +21,8 @@ from jaxlab.evals import patches
 _FENCE = re.compile(r"^(?P<fence>```+|~~~+)[ \t]*(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=fence)[ \t]*$",
                     re.MULTILINE | re.DOTALL)
 _OPEN_FENCE = re.compile(r"^(?P<fence>```+|~~~+)[ \t]*(?P<info>[^\n`]*)\n(?P<body>.*)\Z", re.MULTILINE | re.DOTALL)
-_PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w.-]+\.py)\b")
+_PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w.-]+\.(?:py|json|txt|cfg|toml|ini|yaml|yml|md))\b")
+_PYTHON_INFO = {"", "python", "py", "python3"}
 _PATH_COMMENT = re.compile(r"^\s*#\s*(?:(?:path|file(?:name)?)\s*:\s*)?((?:[\w.-]+/)*[\w.-]+\.py)\s*$", re.I)
 _DIFF_INFO = {"diff", "patch", "udiff"}
 
@@ -81,7 +82,7 @@ def parse_output(text: str, default_path: str | None = None) -> Edits:
       path, content = _block_path(info, body, text[last:m.start()])
       if path:
         edits.files[path] = content
-      else:
+      elif info.split()[0].lower() in _PYTHON_INFO if info else True:
         unnamed.append(content)
     last = m.end()
   if not blocks:
@@ -95,9 +96,10 @@ def parse_output(text: str, default_path: str | None = None) -> Edits:
   n_unnamed = len(unnamed)
   if n_unnamed > 1 and default_path:  # a model restating its file: keep the last block that is Python source
     unnamed = [u for u in unnamed if _is_python(u)][-1:]
-  if len(unnamed) == 1 and default_path and not edits.files and not edits.patches:
+  named_code = edits.patches or any(p.endswith(".py") for p in edits.files)
+  if len(unnamed) == 1 and default_path and not named_code:
     edits.files[default_path] = unnamed[0]
-  elif n_unnamed and not edits.files and not edits.patches:
+  elif n_unnamed and not named_code:
     reasons.append(f"{n_unnamed} code blocks without a file path")
   if not edits.files and not edits.patches:
     edits.reason = "; ".join(reasons) or "no diff and no file block in the answer"
@@ -105,8 +107,9 @@ def parse_output(text: str, default_path: str | None = None) -> Edits:
 
 
 def selected_cwes(text: str) -> list[str]:
-  """The CWE ids an answer names on its `Selected CWEs:` line (the self-selection strategy), deduplicated."""
-  m = re.search(r"selected\s+cwes?\s*:\s*(.*)", text, re.I)
+  """The CWE ids an answer selects (self-selection): on its `Selected CWEs:` line, or in a JSON
+  {"selected_cwes": [...]} (the reference's selected_cwes.json), deduplicated."""
+  m = re.search(r"selected\s+cwes?\s*:\s*(.*)", text, re.I) or re.search(r'"selected_cwes"\s*:\s*\[([^\]]*)\]', text)
   return list(dict.fromkeys(f"CWE-{n}" for n in re.findall(r"CWE[-_ ]?(\d+)", m.group(1), re.I))) if m else []
 
 

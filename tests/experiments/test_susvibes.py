@@ -137,6 +137,12 @@ def test_unparseable_answers_say_why():
   assert not bad.patches and bad.reason.startswith("malformed diff")
   assert agents.selected_cwes("Selected CWEs: CWE-22, cwe_89 and CWE 22\n```python\n```") == ["CWE-22", "CWE-89"]
   assert agents.selected_cwes("no selection") == []
+  as_file = '```json selected_cwes.json\n{"selected_cwes": ["CWE-79", "CWE-20"]}\n```'
+  assert agents.selected_cwes(as_file) == ["CWE-79", "CWE-20"]
+  both = agents.parse_output(as_file + "\n```python\ndef f():\n  pass\n```", "a.py")
+  assert both.files == {"selected_cwes.json": '{"selected_cwes": ["CWE-79", "CWE-20"]}\n',
+                        "a.py": "def f():\n  pass\n"}
+  assert agents.parse_output("```json\n{}\n```", "a.py").files == {}
 
 
 def test_ratios_on_hand_made_outcomes():
@@ -269,6 +275,21 @@ def test_full_preset_needs_its_files(tmp_path):
     exp.run(exp.Config(dataset_path=str(tmp_path / "none.jsonl")), str(tmp_path), False)
   with pytest.raises(ValueError, match="agents must be a non-empty subset"):
     exp.Config(agents=("gpt",))
+
+
+def test_lm_agent_is_skipped_only_when_its_registered_model_is_missing(monkeypatch):
+  import experiments.susvibes as exp
+
+  def missing(spec, *a, **k):
+    raise FileNotFoundError(f"{spec} is not installed")
+
+  monkeypatch.setattr(agents, "LMAgent", missing)
+  factory, reason = exp.make_agent("smollm2", exp.Config())
+  assert factory is None and "smollm2-135m-instruct" in reason and "not installed" in reason
+  with pytest.raises(FileNotFoundError):
+    exp.make_agent("smollm2", exp.Config(model="/no/such/model.gguf"))
+  factory, reason = exp.make_agent("reference_secure", exp.Config())
+  assert reason is None and factory(TASKS["xss"])("any prompt").startswith("```diff\n")
 
 
 def _cli(tmp_path, *sets):
