@@ -8,16 +8,17 @@ ratios over all tasks; in the paper (186 tasks) SWE-Agent with Claude 4 Sonnet i
 
 Data: the mini benchmark written here (`mini/`, 16 Python tasks, one CWE each; `tasks.py`). Agents: the reference
 solutions as oracles (reference_secure must score 1.0 / 1.0 and reference_insecure 1.0 / 0.0: they validate the
-tasks and the harness) and SmolLM2-135M-Instruct (`smollm2`), a real but weak agent that answers with whole files
-or a diff (`agents.py`), greedy. Presets: smoke runs two tasks with 4 new tokens per LM answer (a plumbing check of
-the LM path, not a result); cpu runs all tasks with 320 new tokens and prompts that show the snapshot's source files
-without its tests (`prompt_files="source"`, half the prompt length; "all" shows the tests too), all 64 first answers
-in one batch (each generate call compiles for its shapes, ~30 s on 2 cores, so fewer calls are faster). full: the
-SUSVIBES dataset file, its environment specs and an agent's predictions by path, each task run in its Docker image
-(`full.py`). results.json: `func_pass.<agent>.<strategy>` (correct ratio), `secure_pass.<agent>.<strategy>`
-(correct-and-secure ratio), `patch_errors.*`, `scanner_flagged.<agent>` (share of first answers the scanner flags
-under the feedback strategy), `cwe_selection.{precision,recall}.<agent>` (self-selection); per-task records with
-logs and answers in tasks.jsonl, per (agent, strategy) ratios in metrics.jsonl.
+tasks and the harness) and SmolLM2-135M-Instruct (`smollm2`), a real but weak agent that answers with whole files or
+a diff (`agents.py`), greedy. Presets: smoke runs two tasks with 4 new tokens per LM answer (a plumbing check of the
+LM path, not a result); cpu runs all tasks with 320 new tokens and prompts that show the snapshot's source files
+without its tests (`prompt_files="source"`, half the prompt length; "all" shows the tests too), in batches of 16
+(each generate call compiles for its shapes, ~30 s on 2 cores, so fewer calls are faster; the prefill's logits over
+every prompt position bound the batch: ~1.4 GB at 16). full: the SUSVIBES dataset file, its environment specs and an
+agent's predictions by path, each task run in its Docker image (`full.py`). results.json:
+`func_pass.<agent>.<strategy>` (correct ratio), `secure_pass.<agent>.<strategy>` (correct-and-secure ratio),
+`patch_errors.*`, `scanner_flagged.<agent>` (share of first answers the scanner flags under the feedback strategy),
+`cwe_selection.{precision,recall}.<agent>` (self-selection); per-task records with logs and answers in tasks.jsonl,
+per (agent, strategy) ratios in metrics.jsonl.
 
   python -m experiments run susvibes --preset cpu
   python -m experiments run susvibes --preset cpu --set agents=reference_secure,reference_insecure
@@ -79,7 +80,7 @@ class Config:
 PRESETS = {
     "smoke": Config(tasks=("path_traversal", "sql_injection"), max_new_tokens=4, batch_size=8, prompt_files="source",
                     timeout_s=30.0),
-    "cpu": Config(max_new_tokens=320, batch_size=64, prompt_files="source"),
+    "cpu": Config(max_new_tokens=320, batch_size=16, prompt_files="source"),
     "full": Config(dataset_path="REQUIRED: --set dataset_path=susvibes_dataset.jsonl",
                    env_specs_path="REQUIRED: --set env_specs_path=components.json (susvibes/env_specs)",
                    predictions_path="REQUIRED: --set predictions_path=PREDS.jsonl ({strategy} is replaced)",
