@@ -22,6 +22,7 @@ import os
 import re
 
 from experiments.dvworld import tasks
+from jaxlab.evals import charts
 
 BREAKS = ("series", "type", "axis")
 SHEET_TYPES = {"bar": "BarChart", "line": "LineChart", "pie": "PieChart", "scatter": "ScatterChart"}
@@ -166,18 +167,7 @@ def series_similarity(g: SheetSeries, c: SheetSeries) -> float:
 
 
 def series_score(gold, cand) -> float:
-  if not gold:
-    return 1.0 if not cand else 0.0
-  used, total = set(), 0.0
-  for g in gold:
-    best, best_j = 0.0, None
-    for j, c in enumerate(cand):
-      if j not in used and (s := series_similarity(g, c)) > best:
-        best, best_j = s, j
-    if best_j is not None:
-      used.add(best_j)
-    total += best
-  return total / len(gold) * len(used) / max(len(gold), len(cand), 1)
+  return charts.series_score(gold, cand, similarity=series_similarity)
 
 
 def axis_similarity(g: SheetChart, c: SheetChart) -> float:

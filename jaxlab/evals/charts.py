@@ -165,15 +165,17 @@ def series_similarity(g: Series, c: Series) -> float:
   return sum(min(k, cp[p]) for p, k in gp.items()) / n if n else 1.0
 
 
-def series_score(gold: Sequence[Series], cand: Sequence[Series]) -> float:
-  """Greedy best match per gold series, mean over gold, times matched / max(gold, candidate) series."""
+def series_score(gold: Sequence, cand: Sequence, similarity=None) -> float:
+  """Greedy best match per gold series, mean over gold, times matched / max(gold, candidate) series.
+  `similarity(gold_series, cand_series) -> [0, 1]`: `series_similarity` unless given (e.g. for sheet series)."""
+  similarity = similarity or series_similarity
   if not gold:
     return 1.0 if not cand else 0.0
   used, total = set(), 0.0
   for g in gold:
     best, best_j = 0.0, None
     for j, c in enumerate(cand):
-      if j not in used and (s := series_similarity(g, c)) > best:
+      if j not in used and (s := similarity(g, c)) > best:
         best, best_j = s, j
     if best_j is not None:
       used.add(best_j)
