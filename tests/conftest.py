@@ -7,5 +7,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_runtest_setup(item):
+  """`@pytest.mark.sandbox` tests run code in bubblewrap as root (uid nobody inside); elsewhere they skip."""
+  if item.get_closest_marker("sandbox") and not (os.path.exists("/usr/bin/bwrap") and os.geteuid() == 0):
+    pytest.skip("needs root and bubblewrap (apt-get install -y bubblewrap)")

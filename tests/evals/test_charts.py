@@ -9,9 +9,6 @@ import pytest
 
 from jaxlab.evals import charts
 
-needs_bwrap = pytest.mark.skipif(not (os.path.exists("/usr/bin/bwrap") and os.geteuid() == 0),
-                                 reason="needs root and bubblewrap (apt-get install -y bubblewrap)")
-
 
 def _cell(v):
   """The comparison key, written out: missing, a number to 2 decimals, or stripped text."""
@@ -124,7 +121,7 @@ CHARTS = textwrap.dedent("""
 """)
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_extraction_recovers_the_exact_series(tmp_path):
   runs = charts.run_plots([charts.Job(CHARTS, name="all"), charts.Job("import sys\nwhile True: pass\n", name="loop"),
                            charts.Job("raise ValueError('bad column')", name="err"),
@@ -149,7 +146,7 @@ def test_extraction_recovers_the_exact_series(tmp_path):
   assert runs[3].chart.error is None and runs[3].chart.series == (_s("line", [0, 1], [1, 0]),)
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_run_plot_reads_data_files_and_rejects_bad_names(tmp_path):
   data = tmp_path / "d.csv"
   data.write_text("g,v\na,1\nb,2\na,3\n")

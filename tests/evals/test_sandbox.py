@@ -14,9 +14,6 @@ import pytest
 
 from jaxlab.evals import sandbox
 
-needs_bwrap = pytest.mark.skipif(not (os.path.exists("/usr/bin/bwrap") and os.geteuid() == 0),
-                                 reason="needs root and bubblewrap (apt-get install -y bubblewrap)")
-
 
 def py(workdir, code, **kw):
   kw = {"timeout_s": 20, "memory_mb": 512, **kw}
@@ -34,7 +31,7 @@ def host_pids_running(marker):
   return found
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_runs_in_workdir_and_gives_it_back(tmp_path):
   (tmp_path / "in.txt").write_text("given")
   r = py(tmp_path, "import os; print(os.getcwd(), open('in.txt').read()); open('out.txt', 'w').write('made')")
@@ -43,7 +40,7 @@ def test_runs_in_workdir_and_gives_it_back(tmp_path):
   assert {p.stat().st_uid for p in [tmp_path, *tmp_path.iterdir()]} == {os.getuid()}
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_host_loopback_unreachable(tmp_path):
   with socket.socket() as srv:
     srv.bind(("127.0.0.1", 0))
@@ -54,7 +51,7 @@ def test_host_loopback_unreachable(tmp_path):
     assert py(tmp_path, code, network=True).stdout == "in\n"  # the same connection without the sandbox's netns
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_host_home_temp_and_project_unreadable(tmp_path):
   with tempfile.NamedTemporaryFile(dir=pathlib.Path.home()) as home, tempfile.NamedTemporaryFile() as tmp:
     secrets = [home.name, tmp.name, str(pathlib.Path(__file__).resolve()), "/etc/passwd", "/etc/hostname"]
@@ -74,7 +71,7 @@ def test_host_home_temp_and_project_unreadable(tmp_path):
   assert r.stdout.splitlines()[-1] == f"{in_tmp} {top_level}"
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_writes_outside_workdir_fail(tmp_path):
   work = tmp_path / "work"
   work.mkdir()
@@ -92,7 +89,7 @@ def test_writes_outside_workdir_fail(tmp_path):
   assert list(work.iterdir()) == []
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_fork_bomb_bounded(tmp_path):
   r = py(tmp_path, """
     import os, time
@@ -110,7 +107,7 @@ def test_fork_bomb_bounded(tmp_path):
   assert subprocess.run(["true"]).returncode == 0  # the host still forks
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_allocation_past_the_limit_fails(tmp_path):
   code = "b = bytearray({} << 20); print('got', len(b) >> 20)"
   assert py(tmp_path, code.format(64), memory_mb=256).stdout == "got 64\n"
@@ -118,7 +115,7 @@ def test_allocation_past_the_limit_fails(tmp_path):
   assert r.returncode != 0 and "MemoryError" in r.stderr and "got" not in r.stdout
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_sleep_past_the_timeout_is_killed(tmp_path):
   start = time.monotonic()
   r = py(tmp_path, "import os, time; os.system('sleep 986.5 &'); print('up', flush=True); time.sleep(60)", timeout_s=2)
@@ -126,14 +123,14 @@ def test_sleep_past_the_timeout_is_killed(tmp_path):
   assert host_pids_running(b"986.5") == []
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_background_process_does_not_survive(tmp_path):
   r = py(tmp_path, "import subprocess; subprocess.Popen(['sleep', '987.5'], start_new_session=True); print('left')")
   assert r == sandbox.Result(0, "left\n", "", False)
   assert host_pids_running(b"987.5") == []
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_unprivileged_uid_and_empty_environment(tmp_path, monkeypatch):
   monkeypatch.setenv("HOST_SECRET", "x")
   r = py(tmp_path, """
@@ -149,7 +146,7 @@ def test_unprivileged_uid_and_empty_environment(tmp_path, monkeypatch):
                              "PATH": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin"}
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_output_is_capped(tmp_path):
   r = py(tmp_path, "import sys; sys.stdout.write('x' * (3 << 20)); sys.stderr.write('e')")
   assert r.returncode == 0 and r.stdout == "x" * sandbox.MAX_OUTPUT_BYTES and r.stderr == "e"
@@ -205,7 +202,7 @@ print(json.dumps([r._asdict(), u.returncode, os.stat("work/made").st_uid]))
 '''
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 @pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs /usr/bin/python3 for the non-root caller")
 def test_non_root_caller_contained():
   base = tempfile.mkdtemp()  # the caller is nobody: the module is copied where it can read it

@@ -15,15 +15,12 @@ from experiments import registry
 from experiments.dvworld import agents, interact, rubric, sheet, tasks
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-needs_bwrap = pytest.mark.skipif(not (os.path.exists("/usr/bin/bwrap") and os.geteuid() == 0),
-                                 reason="needs root and bubblewrap (apt-get install -y bubblewrap)")
-
 
 def _frames(specs):
   return {s.source: tasks.load_frame(s.source) for s in specs}
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_reference_scores_one_and_each_broken_kind_less(tmp_path):
   specs = tasks.select(("tips_pie", "penguins_scatter"))
   frames = _frames(specs)
@@ -128,7 +125,7 @@ def test_interact_env_with_scripted_agents():
   assert env.interact("answer", json.dumps(superset)).reward == 0.0
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_lm_agent_code_path_with_a_stand_in(tmp_path):
   specs = tasks.select(("tips_bar",))
   frames = _frames(specs)
@@ -203,7 +200,7 @@ def test_bad_configs_and_paths_are_named(tmp_path):
     exp.Config(gold_dir=str(tmp_path), judge="rule")
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_smoke_preset_as_a_subprocess(tmp_path):
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAB_")}
   env.update(JAX_PLATFORMS="cpu", JAXLAB_NO_PROGRESS="1", PYTHONPATH=REPO)

@@ -16,8 +16,6 @@ from experiments.susvibes import agents, full, harness, scanner, strategies, tas
 from jaxlab.evals import patches
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-needs_bwrap = pytest.mark.skipif(not (os.path.exists("/usr/bin/bwrap") and os.geteuid() == 0),
-                                 reason="needs root and bubblewrap (apt-get install -y bubblewrap)")
 TASKS = {t.id: t for t in tasks.mini_tasks()}
 LIMITS = harness.Limits(timeout_s=30.0, memory_mb=1024)
 
@@ -36,7 +34,7 @@ def test_mini_benchmark_covers_distinct_cwes():
     assert "NotImplementedError" in t.files[t.target] and "NotImplementedError" not in t.secure[t.target]
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 @pytest.mark.parametrize("task_id", sorted(TASKS))
 def test_references_validate_the_task(task_id):
   task = TASKS[task_id]
@@ -50,7 +48,7 @@ def test_references_validate_the_task(task_id):
   assert masked.status == "completed" and not masked.func_pass  # the feature really is masked
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_a_fake_test_runner_in_the_repository_does_not_pass():
   task = TASKS["xss"]
   fake = "print('Ran 99 tests in 0.1s')\nprint('OK')\nraise SystemExit(0)\n"
@@ -58,7 +56,7 @@ def test_a_fake_test_runner_in_the_repository_does_not_pass():
   assert outcome.func_pass and not outcome.sec_pass, outcome.sec_log
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_edits_to_the_tests_are_stripped_before_both_runs(tmp_path):
   task = TASKS["path_traversal"]
   neutered = {"tests/test_security.py": "import unittest\n\nclass T(unittest.TestCase):\n\n  def test_a(self):\n"
@@ -78,7 +76,7 @@ def test_edits_to_the_tests_are_stripped_before_both_runs(tmp_path):
   assert not harness.evaluate(task, whole, LIMITS).sec_pass
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 @pytest.mark.parametrize("answer, reason", [
     ("```diff\n--- a/docstore/store.py\n+++ b/docstore/store.py\n@@ -3,2 +3,2 @@\n-import sys\n-import re\n"
      "+import os\n+import re\n```", r"docstore/store.py: hunk 1 .* does not match"),
@@ -202,7 +200,7 @@ def test_rule_scanner_flags_the_insecure_references_it_covers():
   assert not scanner.rule_scan("y.py", "import yaml\ndef f(s):\n  return yaml.load(s, Loader=yaml.SafeLoader)\n")
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_bandit_agrees_with_the_rule_scanner():
   pytest.importorskip("bandit")
   for task_id, cwe in FLAGGED.items():
@@ -211,7 +209,7 @@ def test_bandit_agrees_with_the_rule_scanner():
     assert all(f.path == TASKS[task_id].target for f in found)
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_feedback_round_revises_once_on_findings():
   import experiments.susvibes as exp
   task = TASKS["command_injection"]
@@ -301,7 +299,7 @@ def _cli(tmp_path, *sets):
   return json.loads((out / "results.json").read_text()), out
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 def test_smoke_preset_oracle_agents_from_the_cli(tmp_path):
   res, out = _cli(tmp_path, "--set", "agents=reference_secure,reference_insecure")
   for s in strategies.STRATEGIES:
@@ -315,7 +313,7 @@ def test_smoke_preset_oracle_agents_from_the_cli(tmp_path):
     assert r["secure_pass"] == sum(x["correct_secure"] for x in mine) / 2
 
 
-@needs_bwrap
+@pytest.mark.sandbox
 @pytest.mark.slow
 def test_smoke_preset_with_smollm2_writes_every_key(tmp_path):
   res, out = _cli(tmp_path)
