@@ -14,7 +14,9 @@ answer's logit minus the best other's) ranks programs.
   predictor  `jaxlab.models.program_predictor` over the frozen MiniLM token states of the question, trained on
              the right programs of the training questions (up to `max_paths` each, shortest first; the full
              path weighted `full_weight` when a shorter one is right, optional length weights exp(-beta len));
-             beam decoding gives the top-5 programs of each held-out question: top-1 accuracy, pass@5.
+             beam decoding gives the top-5 programs of each held-out question: top-1 accuracy, pass@5, and
+             as a baseline pass@5 of the full program plus 4 random single edits (with two answer words,
+             several programs are right by chance).
 Held-out questions come from the training tasks (other seeds); `ood.*` from the task `ood_task`.
 
   python -m experiments run polar --preset smoke
@@ -55,7 +57,7 @@ class Config:
   embedder: str = "minilm-l6"
   tasks: tuple[str, ...] = ("cycle", "subsum")
   ood_task: str = "parity"
-  train_questions: int = 64
+  train_questions: int = 48
   test_questions: int = 32
   ood_questions: int = 24
   scoring: str = "choices"
@@ -64,8 +66,8 @@ class Config:
   stride: int = 2
   beam: int = 2
   depth: int = 1
-  candidates: int = 10  # programs sampled per beam step (0: every edit)
-  program_batch: int = 16
+  candidates: int = 11  # programs sampled per beam step (0: every edit)
+  program_batch: int = 12
   max_paths: int = 4
   full_weight: float = 0.30
   length_beta: float = 0.0
@@ -77,6 +79,7 @@ class Config:
   batch_size: int = 32
   top_k: int = 5
   top_ops: int = 2
+  random_baseline: bool = True  # also pass@k of the full program plus random single edits
   seed: int = 0
 
   def __post_init__(self):
@@ -97,7 +100,8 @@ PRESETS = {
     "smoke": Config(model="tiny-random:6", tasks=("subsum",), train_questions=4, test_questions=4, ood_questions=2,
                     edit_sizes=(1, 2), stride=1, beam=2, depth=2, candidates=8, program_batch=16, max_pack=2,
                     d_model=32, epochs=4, batch_size=8),
-    # ~1,000 programs of SmolLM2 at ~60 prompt tokens (about 0.5-1 s each on 2 cores)
+    # ~1,250 program runs of SmolLM2 at 60-95 prompt tokens (1.4 s each on 2 busy cores, less on idle ones):
+    # 48 questions x 12 in the search, 56 held-out x <= 12 in the evaluation
     "cpu": Config(),
     "full": Config(model="REQUIRED: a .gguf file or transformers directory (--set model=PATH)",
                    train_questions=1250, test_questions=250, ood_questions=250, stride=1, beam=4, depth=3,
@@ -293,11 +297,15 @@ def top_programs(params, pcfg: pp.Config, feats, mask, cfg: Config) -> list[list
           for i in range(len(seg))]
 
 
-def evaluate(scorer: Scorer, rows, tops, n_layers: int, prefix: str = "") -> dict:
-  full, top1, pass_k, lengths, fallback = [], [], [], [], []
-  for row, progs in zip(rows, tops):
-    uniq = list(dict.fromkeys(tuple(p) for p in [range(n_layers), *progs]))
+def evaluate(scorer: Scorer, rows, tops, n_layers: int, prefix: str = "", baselines=None) -> dict:
+  """Full forward, top-1 and pass@k of the predicted programs; with `baselines` (k programs per row), their
+  pass@k too (the full program plus k-1 random single edits: what pass@k gets without a predictor)."""
+  full, top1, pass_k, lengths, fallback, base = [], [], [], [], [], []
+  for i, (row, progs) in enumerate(zip(rows, tops)):
+    extra = [] if baselines is None else baselines[i]
+    uniq = list(dict.fromkeys(tuple(p) for p in [range(n_layers), *progs, *extra]))
     right = dict(zip(uniq, scorer(row, uniq) > 0))
+    base.append(any(right[tuple(p)] for p in extra))
     full.append(right[tuple(range(n_layers))])
     top1.append(right[tuple(progs[0])])
     pass_k.append(any(right[tuple(p)] for p in progs))
@@ -306,7 +314,15 @@ def evaluate(scorer: Scorer, rows, tops, n_layers: int, prefix: str = "") -> dic
   return {f"{prefix}acc.full_forward": float(np.mean(full)), f"{prefix}acc.predictor_top1": float(np.mean(top1)),
           f"{prefix}pass5.predictor": float(np.mean(pass_k)), f"{prefix}layers.full": float(n_layers),
           f"{prefix}layers.predictor_top1": float(np.mean(lengths)),
-          f"{prefix}top1_is_full_rate": float(np.mean(fallback))}
+          f"{prefix}top1_is_full_rate": float(np.mean(fallback)),
+          **({f"{prefix}pass5.full_plus_random_edits": float(np.mean(base))} if baselines is not None else {})}
+
+
+def random_edit_programs(n_rows: int, k: int, n_layers: int, cands, rng) -> list[list[tuple[int, ...]]]:
+  """Per row: the full program and k-1 programs of one random edit each."""
+  return [[tuple(range(n_layers))] + [apply_edits((cands[j],), n_layers) for j in
+                                      rng.choice(len(cands), min(k - 1, len(cands)), replace=False)]
+          for _ in range(n_rows)]
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -356,9 +372,13 @@ def run_with_models(cfg: Config, out_dir: str, mcfg, params, tok, ecfg, eparams,
     pparams, res["predictor.loss_first"], res["predictor.loss_last"] = jax.jit(pp.init, static_argnums=0)(
         pcfg, jax.random.key(cfg.seed)), \
         float("nan"), float("nan")
-  res.update(evaluate(scorer, test, top_programs(pparams, pcfg, f_test, m_test, cfg), n_layers))
+  base = (lambda n: random_edit_programs(n, cfg.top_k, n_layers, cands, rng)) if cfg.random_baseline else \
+      (lambda n: None)
+  res.update(evaluate(scorer, test, top_programs(pparams, pcfg, f_test, m_test, cfg), n_layers,
+                      baselines=base(len(test))))
   if ood:
-    res.update(evaluate(scorer, ood, top_programs(pparams, pcfg, f_ood, m_ood, cfg), n_layers, "ood."))
+    res.update(evaluate(scorer, ood, top_programs(pparams, pcfg, f_ood, m_ood, cfg), n_layers, "ood.",
+                        baselines=base(len(ood))))
   res["lm_calls"] = scorer.calls
   registry.plot_curves(os.path.join(out_dir, "accuracy.png"),
                        {"held-out": ([0, 1, 2], [res["acc.full_forward"], res["acc.predictor_top1"],

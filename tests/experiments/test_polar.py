@@ -139,6 +139,7 @@ def test_runs_on_tiny_models_and_writes_every_key(tmp_path):
   keys = ["search.shorter_correct_rate", "search.corrected_rate", "acc.full_forward", "acc.predictor_top1",
           "pass5.predictor", "layers.full", "layers.predictor_top1"]
   keys += [f"ood.{k}" for k in keys[2:]]
+  keys += ["pass5.full_plus_random_edits", "ood.pass5.full_plus_random_edits"]
   claimed = {k for c in registry.get("polar").claims for k in c.keys}
   assert not [k for k in keys + sorted(claimed) if k not in res]
   for k in keys:
@@ -191,3 +192,13 @@ def test_smoke_preset_from_the_cli_writes_the_keys(tmp_path):
   keys += [f"ood.{k}" for k in keys[2:]]
   assert not [k for k in keys if k not in res]
   assert res["layers.full"] == 6 and res["train.examples"] >= 1
+
+
+def test_random_edit_baseline_programs():
+  cands = exp.edits(6, (1, 2), 1)
+  rows = exp.random_edit_programs(3, 5, 6, cands, np.random.default_rng(0))
+  assert len(rows) == 3 and all(len(r) == 5 and r[0] == tuple(range(6)) for r in rows)
+  for r in rows:  # each baseline program is the full one with exactly one pack skipped or run twice
+    for p in r[1:]:
+      segs = programs.encode(p, 6, 2)
+      assert p != tuple(range(6)) and sum(s.op != programs.KEEP for s in segs) >= 1
