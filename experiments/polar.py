@@ -124,7 +124,7 @@ def questions(cfg: Config, tok, tasks, n: int, seed: int) -> list[dict]:
   """Answer-only prompts with the answer's first token and the choices' first tokens."""
   rows = []
   for k, task in enumerate(tasks):
-    for q, a, choices in _load_task(task, -(-n // len(tasks)), seed + 1000 * k):
+    for q, a, choices in _load_task(task, n // len(tasks) + (k < n % len(tasks)), seed + 1000 * k):
       ask = f" Answer with one word: {' or '.join(choices)}." if choices else " Answer with the final answer only."
       ids = chat_ids(tok, q + ask) if tok.chat_template else tok.encode(f"Question: {q}{ask}\nAnswer:")
       choice_ids = None
@@ -133,7 +133,7 @@ def questions(cfg: Config, tok, tasks, n: int, seed: int) -> list[dict]:
         if len(set(choice_ids)) != len(choice_ids):
           raise ValueError(f"task {task}: answers {choices} share a first token; use scoring='vocab'")
       rows.append({"task": task, "question": q, "ids": ids, "answer": tok.encode(a)[0], "choices": choice_ids})
-  return rows[:n] if len(tasks) == 1 else rows
+  return rows
 
 
 # -------------------------------------------------------------------------------------------- scoring

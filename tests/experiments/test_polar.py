@@ -202,3 +202,11 @@ def test_random_edit_baseline_programs():
     for p in r[1:]:
       segs = programs.encode(p, 6, 2)
       assert p != tuple(range(6)) and sum(s.op != programs.KEEP for s in segs) >= 1
+
+
+def test_questions_split_the_count_over_tasks():
+  tok = WordTokenizer(500)
+  cfg = exp.Config(tasks=("subsum", "cycle"))
+  rows = exp.questions(cfg, tok, cfg.tasks, 5, 0)
+  assert [r["task"] for r in rows] == ["subsum"] * 3 + ["cycle"] * 2
+  assert all(r["answer"] in r["choices"] and r["ids"][-1] == tok.encode("\nAnswer:")[-1] for r in rows)
