@@ -147,11 +147,11 @@ class Scorer:
     def fn(params, tokens_1T, mask_1T, last, programs_NP):
       # only the last position's logits: the residual stream there, then the final norm and the LM head
       res = programs.forward_batch(params, tokens_1T, mcfg, programs_NP, attention_mask_BT=mask_1T).residual
-      h = layers.rms_norm(params["final_norm"], res[:, 0, last], mcfg.norm_eps)
+      h_N1D = layers.rms_norm(params["final_norm"], res[:, 0, last][:, None], mcfg.norm_eps)
       dt = jnp.dtype(mcfg.dtype)
-      head = layers.linear(params["lm_head"], h, dt) if "lm_head" in params else h.astype(dt) @ \
-          params["embed"]["embedding"].astype(dt).T
-      return head.astype(jnp.float32)  # [N, V]
+      head = layers.linear(params["lm_head"], h_N1D, dt) if "lm_head" in params else \
+          layers.unembed(params["embed"], h_N1D, dt)
+      return head[:, 0].astype(jnp.float32)  # [N, V]
     self._fn = jax.jit(fn)
 
   def __call__(self, row: dict, progs) -> np.ndarray:
