@@ -32,7 +32,8 @@ BATCH_AXES = ("data", "fsdp")
 
 _COMMON = (("batch", BATCH_AXES), ("seq", None), ("layers", None), ("qk_norm", None), ("head_dim", None),
            ("patch", None), ("pos", None), ("rank", None), ("classes", None),
-           ("kron_r1", None), ("kron_in", None), ("kron_out", None), ("kron_r2", None))
+           ("kron_r1", None), ("kron_in", None), ("kron_out", None), ("kron_r2", None),
+           ("conv_width", None), ("conv_in", None))
 RULES = {
     "dp": (("vocab", None), ("embed", None), ("q_heads", None), ("kv_heads", None), ("heads", None),
            ("mlp", None)) + _COMMON,

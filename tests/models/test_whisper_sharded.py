@@ -1,8 +1,5 @@
 """Whisper sharded over the 8 virtual CPU devices equals Whisper on one device: teacher-forced logits, the
 cached decoder step, and the gradient of a next-token loss, under the rule tables of `jaxlab.sharding`.
-
-`jaxlab.sharding.RULES` has no entry for the conv axes ("conv_width", "conv_in") that Whisper's conv front end
-declares, so the tables are extended here with both replicated; without that, `shard_params` refuses Whisper.
 """
 import jax
 import jax.numpy as jnp
@@ -14,11 +11,6 @@ from jaxlab.models import whisper
 from jaxlab.nn import axes
 
 CFG = whisper.PRESETS["tiny_random"]
-CONV_RULES = (("conv_width", None), ("conv_in", None))
-
-
-def _rules(name):
-  return sharding.RULES[name] + CONV_RULES
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +37,9 @@ def _loss(p, mel, tokens):
   return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
 
 
-def test_shard_params_refuses_whisper_without_conv_rules(params):
-  mesh = sharding.make_mesh("fsdp:4,tensor:2")
-  with pytest.raises(KeyError, match="conv_width"):
-    sharding.shard_params(params, mesh, "fsdp_tp")
-
-
 def _sharded(params, mel, tokens, spec="data:2,fsdp:2,tensor:2", rules="fsdp_tp"):
   mesh = sharding.make_mesh(spec)
-  sp = sharding.shard_params(params, mesh, _rules(rules))
+  sp = sharding.shard_params(params, mesh, rules)
   q = sp["decoder"]["layers"]["cross_attn"]["q"]["kernel"]
   assert q.sharding.spec[1:] == ("fsdp", "tensor") and q.addressable_shards[0].data.size * 4 == q.size
   batch = sharding.shard_batch({"mel": mel, "tokens": tokens}, mesh)
@@ -96,7 +82,7 @@ def test_cached_decoding_sharded_equals_single_device(params):
   single = steps(params, jnp.asarray(mel), jnp.asarray(tokens))
   np.testing.assert_allclose(np.asarray(single), np.asarray(whisper.forward(params, mel, tokens, CFG)), atol=2e-5)
   mesh = sharding.make_mesh("tensor:8")
-  sp = sharding.shard_params(params, mesh, _rules("tp"))
+  sp = sharding.shard_params(params, mesh, "tp")
   batch = sharding.shard_batch({"mel": mel, "tokens": tokens}, mesh)
   multi = steps(sp, batch["mel"], batch["tokens"])
   np.testing.assert_allclose(np.asarray(multi), np.asarray(single), atol=2e-5)

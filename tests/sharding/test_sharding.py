@@ -111,6 +111,18 @@ def test_rule_tables_cover_the_same_names():
   assert set().union(*NAMES.values()) | {"batch", "seq"} <= names["dp"]
 
 
+@pytest.mark.parametrize("module", ["encoder", "pointcloud", "program_predictor", "qformer", "transformer", "video",
+                                    "vit", "whisper"])
+def test_rule_tables_name_every_axis_a_model_declares(module):
+  """Every logical name in a model's `param_axes` has a rule, so `shard_params` accepts the model as is."""
+  import importlib
+  mod = importlib.import_module(f"jaxlab.models.{module}")
+  cfg = next(iter(mod.PRESETS.values())) if hasattr(mod, "PRESETS") else mod.Config()
+  declared = {n for names in jax.tree.leaves(mod.param_axes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+              for n in names if n is not None}
+  assert declared and declared <= {n for n, _ in sharding.RULES["dp"]}, sorted(declared)
+
+
 @pytest.mark.parametrize("strategy", sorted(INTENT))
 def test_param_specs_follow_the_strategy(strategy):
   shapes = (jax.eval_shape(functools.partial(tfm.init, tfm.Config.tiny()), jax.random.key(0)) if tfm is not None
