@@ -422,4 +422,7 @@ registry.register(registry.Experiment(
         Claim("top1", "the predictor's top-1 program beats the full forward (a reproduction finds it falls back "
               "to the full forward)", "top-1 above the base model's accuracy",
               "{acc.predictor_top1} > {acc.full_forward}"),
+        Claim("pass5_vs_chance", "the predictor's top-5 programs beat the full program plus 4 random single edits",
+              "not in the paper (a chance baseline for pass@5)",
+              "{pass5.predictor} > {pass5.full_plus_random_edits}"),
     )))

@@ -16,6 +16,7 @@ import pytest
 
 from experiments import polar as exp
 from experiments import registry
+from experiments.runner import claims as claims_lib
 from jaxlab.models import encoder
 from jaxlab.models import programs
 from jaxlab.models import transformer as tfm
@@ -154,7 +155,12 @@ def test_runs_on_tiny_models_and_writes_every_key(tmp_path):
 def test_registered_with_presets_and_claims():
   e = registry.get("polar")
   assert set(e.presets) == {"smoke", "cpu", "full"}
-  assert {c.id for c in e.claims} == {"pass5", "top1"}
+  claims = {c.id: c for c in e.claims}
+  assert set(claims) == {"pass5", "top1", "pass5_vs_chance"}
+  res = {"pass5.predictor": 0.75, "acc.full_forward": 0.5, "acc.predictor_top1": 0.5,
+         "pass5.full_plus_random_edits": 0.8}
+  verdicts = {k: claims_lib.holds(c, res) for k, c in claims.items()}
+  assert verdicts == {"pass5": True, "top1": False, "pass5_vs_chance": False}
 
 
 @pytest.mark.parametrize("kw,match", [
