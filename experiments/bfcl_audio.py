@@ -108,8 +108,8 @@ class Config:
 
 
 PRESETS = {
-    "smoke": Config(n_per_category=1, n_perturb=1, perturbations=("white_20db", "disfluency"), max_new_tokens=6,
-                    batch_size=4),
+    "smoke": Config(categories=("simple", "irrelevance"), n_per_category=1, n_perturb=1,
+                    perturbations=("white_20db",), max_new_tokens=6, batch_size=2),
     "cpu": Config(),
     "full": Config(categories=tuple(CATEGORIES), n_per_category=100000, n_perturb=50, max_new_tokens=256,
                    perturbations=tuple(f"{k}_{s}db" for k in perturb.NOISE_KINDS for s in (20, 10, 5, 0))

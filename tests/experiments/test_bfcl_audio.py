@@ -220,7 +220,10 @@ def test_smoke_preset_from_the_cli_writes_the_keys(tmp_path):
   keys += [f"failures.{s}.{k}" for s, k in itertools.product(exp.SUITES, exp.FAILURES)]
   assert not [k for k in keys if k not in res]
   assert all(0.0 <= res[k] <= 1.0 for k in keys if k.startswith(("ast_accuracy", "irrelevance")))
-  assert len((out / "clips.jsonl").read_text().splitlines()) == 4 + 3 * 2
+  smoke = exp.PRESETS["smoke"]
+  ast_cats = [c for c in cats if c != "irrelevance"]
+  clips = len(cats) * smoke.n_per_category + len(ast_cats) * smoke.n_perturb * len(smoke.perturbations)
+  assert len((out / "clips.jsonl").read_text().splitlines()) == clips
 
 
 # ---- bad input ----
