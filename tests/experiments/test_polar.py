@@ -84,6 +84,31 @@ def test_beam_search_finds_the_best_program_of_an_exhaustive_enumeration():
   assert all(abs(narrow[p] - brute[p]) < 1e-4 for p in narrow)
 
 
+def test_search_finds_a_skip_that_fixes_a_wrong_full_depth_answer():
+  """The answer is set to the token that running without one layer predicts, on a prompt where the full depth
+  predicts another: the full forward is wrong and the search must find a shorter program that is right."""
+  cfg, params = _tiny_model(seed=1)
+  full = tuple(range(N_LAYERS))
+  for ids in ([3, 17, 5, 9, 41, 2], [8, 1, 22, 40], [5, 5, 60, 13, 2]):
+    x = np.asarray([ids], np.int32)
+    top_full = int(np.argmax(tfm.forward(params, x, cfg, program=list(full)).logits[0, -1]))
+    skips = {k: int(np.argmax(tfm.forward(params, x, cfg, program=[l for l in full if l != k]).logits[0, -1]))
+             for k in full}
+    fixing = [k for k, tok in skips.items() if tok != top_full]
+    if fixing:
+      break
+  assert fixing, "every single-layer skip predicts what the full forward predicts on all prompts"
+  k = fixing[0]
+  row = {"ids": ids, "answer": skips[k], "choices": None}
+  scorer = exp.Scorer(params, cfg, 8)
+  found = exp.beam_search(lambda ps: scorer(row, ps), N_LAYERS, exp.edits(N_LAYERS, (1,), 1), beam=2, depth=1)
+  assert found[full] < 0
+  right_shorter = [p for p, m in found.items() if m > 0 and len(p) < N_LAYERS]
+  assert tuple(l for l in full if l != k) in right_shorter
+  rows = exp.training_rows(found, N_LAYERS, exp.PRESETS["cpu"])
+  assert rows and all(len(p) < N_LAYERS for p, _ in rows)
+
+
 def test_margins_over_choices_and_vocabulary():
   logits = np.array([[0.0, 2.0, 1.0, 5.0], [0.0, 2.0, 3.0, -1.0]])
   np.testing.assert_allclose(exp.margins(logits, 1, [1, 2]), [1.0, -1.0])
