@@ -102,19 +102,23 @@ def test_resume_into_an_empty_directory_says_so(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_complete_checkpoints_and_prints_the_resume_command(tmp_path):
-  args = [sys.executable, "-m", "experiments", "run", "lm_pretrain", *SMALL, "--set", "steps=400",
+  # far more steps than the run can take before the interrupt, so that a slow poll under load cannot let it finish
+  args = [sys.executable, "-m", "experiments", "run", "lm_pretrain", *SMALL, "--set", "steps=100000",
           "--set", "ckpt_every=5", "--set", "log_every=1", "--out", "r"]
   proc = subprocess.Popen(args, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  metrics, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 300
-  while not (metrics.exists() and metrics.read_text().count("\n") > 12):
-    assert proc.poll() is None and time.time() < deadline, proc.communicate()
-    time.sleep(0.05)
-  proc.send_signal(signal.SIGINT)
-  out, err = proc.communicate(timeout=120)
+  try:
+    metrics, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") > 12):
+      assert proc.poll() is None and time.time() < deadline, proc.communicate()
+      time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
   assert proc.returncode == 130, err[-3000:]
   assert "Traceback" not in err and "--out" in err and err.strip().endswith("--resume")
   ckpts = tmp_path / "r" / "checkpoints"
   steps = [d for d in os.listdir(ckpts) if d.isdigit()]
   assert steps and all((ckpts / d / "commit_success.txt").exists() for d in steps)
   resume = err.strip().splitlines()[-1].split()
-  assert resume[:4] == ["python", "-m", "experiments", "run"] and "steps=400" in resume
+  assert resume[:4] == ["python", "-m", "experiments", "run"] and "steps=100000" in resume
