@@ -15,6 +15,9 @@ accumulated sums, so microbatched and full-batch updates agree. Here:
   sft_loss_fn      completion-only next-token loss (`completion_loss_mask` leaves prompt tokens out)
   prm_step_loss    process-reward step labels at step separators (value head: sigmoid BCE; step head: 2-class CE)
   prm_loss_fn      a PRM (`jaxlab.models.heads` on a decoder LM, the LM frozen or trained) on step-labelled batches
+  mca_loss         MIND's (arXiv:2512.05530) multi-rationale contrastive alignment: hardest negative rationale's
+                   cosine to an anchor pushed a margin below the hardest positive's
+  mind_loss_fn     MIND phase 1 on a VLM: CE on the positive rationales + alpha * MCA on pooled hidden states
 Next to come: Bradley-Terry reward modelling and contrastive (InfoNCE) losses.
 
 GRPO aggregation rules, for a per-token loss l over completion tokens (mask m), as `(loss_sum, weight)`:
@@ -381,4 +384,97 @@ def prm_loss_fn(lm_cfg: tfm.Config, head_cfg: heads.Config, freeze_lm: bool = Tr
     lm = jax.lax.stop_gradient(params["lm"]) if freeze_lm else params["lm"]
     h = heads.hidden_states(lm, lm_cfg, batch["tokens"], batch.get("mask"))
     return prm_step_loss(heads.logits(params["head"], head_cfg, h), batch["labels"], batch["steps"])
+  return loss_fn
+
+
+# ------------------------------------------------------------------------------------------------- MCA
+
+def mean_pool(h_BTD, mask_BT):
+  """Mean of `h_BTD` over the positions where `mask_BT` is 1 (zeros for an empty mask), fp32, [B, D]."""
+  m = mask_BT.astype(jnp.float32)
+  return jnp.einsum("btd,bt->bd", h_BTD.astype(jnp.float32), m) / jnp.maximum(jnp.sum(m, axis=1), 1.0)[:, None]
+
+
+def _normalize(x, eps: float = 1e-12):
+  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+
+
+def _extreme_mean(x_BR, mask_BR, k: int, lowest: bool):
+  """Mean of the k lowest (or highest) entries of each row among those in `mask_BR` (fewer when fewer are in)."""
+  big = jnp.finfo(jnp.float32).max
+  sorted_ = jnp.sort(jnp.where(mask_BR, x_BR if lowest else -x_BR, big), axis=1)[:, :k]
+  take = jnp.arange(sorted_.shape[1])[None, :] < jnp.sum(mask_BR, axis=1, keepdims=True)
+  picked = jnp.sum(jnp.where(take, sorted_, 0.0), axis=1) / jnp.maximum(jnp.sum(take, axis=1), 1)
+  return picked if lowest else -picked
+
+
+def mca_loss(anchor_BD, rationales_BRD, role_BR, margin: float = 0.2, top_k: int = 1):
+  """Multi-rationale contrastive alignment (MIND, arXiv:2512.05530): per question, the hinge
+  relu(sim(hardest negatives) + margin - sim(hardest positives)) with sim the cosine to the anchor.
+
+  The hardest positives are the `top_k` least similar positive rationales and the hardest negatives the `top_k`
+  most similar negative ones, each averaged (MIND's reference trains with top_k 1, margin 0.2).
+
+  Args:
+    anchor_BD: one anchor embedding per question.
+    rationales_BRD: R rationale embeddings per question.
+    role_BR: 1 for a positive rationale, -1 for a negative one, 0 for an unused row.
+    margin: the cosine margin.
+    top_k: how many of the hardest positives / negatives are averaged.
+
+  Returns:
+    (loss_B, valid_B): the hinge per question, 0 where a question lacks a positive or a negative (valid False).
+  """
+  if top_k < 1:
+    raise ValueError(f"mca_loss: top_k must be >= 1, found {top_k}")
+  if rationales_BRD.shape[:2] != role_BR.shape or anchor_BD.shape[0] != role_BR.shape[0]:
+    raise ValueError(f"mca_loss: expected anchor [B, D], rationales [B, R, D] and role [B, R], found "
+                     f"{anchor_BD.shape}, {rationales_BRD.shape}, {role_BR.shape}")
+  cos_BR = jnp.einsum("bd,brd->br", _normalize(anchor_BD.astype(jnp.float32)),
+                      _normalize(rationales_BRD.astype(jnp.float32)))
+  pos, neg = role_BR > 0, role_BR < 0
+  k = min(top_k, role_BR.shape[1])
+  hinge = jax.nn.relu(_extreme_mean(cos_BR, neg, k, lowest=False) + margin - _extreme_mean(cos_BR, pos, k, True))
+  valid = jnp.any(pos, axis=1) & jnp.any(neg, axis=1)
+  return jnp.where(valid, hinge, 0.0), valid
+
+
+def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, top_k: int = 1,
+                 frozen: tuple[str, ...] = ("vision",)) -> LossFn:
+  """MIND phase-1 loss of a VLM: next-token CE on the positive rationales + `alpha` * `mca_loss`.
+
+  Batch (grouped by question): inputs, targets, loss_mask [B, R, T] (the CE mask: the rationale and answer of
+  positive rows), pixels [B * R, H, W, C] (one image per row, rows in order), role [B, R] (1 positive, -1 negative, 0 unused), anchor_mask [B, T] and span_mask [B, R, T]; with
+  alpha 0 only inputs, targets, loss_mask and pixels are read (rows of a group may then be unrelated). Embeddings, from the final-normed LM hidden
+  state: the anchor is its mean over `anchor_mask` (the image and question positions) of row 0 (under causal
+  attention every row of a question shares them), a rationale's embedding its mean over that row's `span_mask`
+  (the rationale's tokens as inputs). Returns (CE sum + alpha * MCA mean * tokens, tokens): the train step's
+  division gives the token-mean CE + alpha * the question-mean MCA, as MIND's loss (CE + alpha * contrastive).
+
+  Args:
+    cfg: the VLM config.
+    alpha: the MCA weight (0: plain CE, no embeddings computed).
+    margin, top_k: as in `mca_loss`.
+    frozen: top-level param groups whose gradients are stopped.
+  """
+  def loss_fn(params, batch, rng):
+    del rng
+    params = {k: jax.lax.stop_gradient(v) if k in frozen else v for k, v in params.items()}
+    b, r, t = batch["inputs"].shape
+    if batch["pixels"].shape[0] != b * r:
+      raise ValueError(f"mind_loss_fn: expected one image per row ({b} x {r} = {b * r}), found "
+                       f"{batch['pixels'].shape[0]}")
+    out = vlm.forward(params, batch["inputs"].reshape(b * r, t), batch["pixels"], cfg,
+                      capture=("hidden_states",) if alpha else ())
+    targets = batch["targets"].reshape(b * r, t)
+    mask = batch["loss_mask"].reshape(b * r, t).astype(bool) & (targets != cfg.image_token_id)
+    ce_sum, count = next_token_nll(out.logits, targets, mask)
+    if not alpha:
+      return ce_sum, count
+    h_BRTD = out.lm.hidden_states[-1].reshape(b, r, t, -1)
+    anchor_BD = mean_pool(h_BRTD[:, 0], batch["anchor_mask"])
+    emb_BRD = mean_pool(h_BRTD.reshape(b * r, t, -1), batch["span_mask"].reshape(b * r, t)).reshape(b, r, -1)
+    mca_B, valid_B = mca_loss(anchor_BD, emb_BRD, batch["role"], margin, top_k)
+    mca = jnp.sum(mca_B) / jnp.maximum(jnp.sum(valid_B), 1)
+    return ce_sum + alpha * mca * jax.lax.stop_gradient(count), count
   return loss_fn
