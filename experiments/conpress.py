@@ -20,8 +20,9 @@ answer parsed.
 Parsing (`parse_packed`) never guesses: sections start at line-leading headers ("Problem k", "Question k",
 "Q k", markdown decoration allowed; bare "k." / "k)" only when no keyword header occurs, so numbered steps inside a
 section are not headers); a number with two headers is unanswered; a section that names another question's label
-("Answer j:", "Problem j:") is dropped; a section ends at the next header, or after the first paragraph that
-states an answer (a trailing summary is not the question's). A question's answer is its unique "Answer k" label
+("Answer j:", "Problem j:") or begins by restating another question's numbers is dropped; a section ends at the
+next header, after the first paragraph that states an answer, or before a paragraph restating another question
+(a trailing summary is not the question's). A question's answer is its unique "Answer k" label
 anywhere, else the single value its section states ("answer: x", "the answer is x", <answer>x</answer>, \\boxed{x}),
 else the number after the section's last "="; conflicting values leave it unanswered. With N = 1 a text without
 headers is question 1's section.
@@ -178,12 +179,29 @@ def _stated(text: str) -> list[str]:
   return [v for v in out if v]
 
 
-def _cut(body: str) -> str:
-  """The section up to and including the first paragraph that states an answer (a label, tag or statement)."""
+_DIGITS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _signature(question: str) -> tuple[str, ...] | None:
+  """The numbers of a question in order (None with fewer than two): what a trace restating it begins with."""
+  nums = tuple(_DIGITS.findall(question))
+  return nums if len(nums) >= 2 else None
+
+
+def _contains(nums: tuple, sig: tuple, prefix: bool = False) -> bool:
+  starts = [0] if prefix else range(len(nums) - len(sig) + 1)
+  return any(nums[i:i + len(sig)] == sig for i in starts)
+
+
+def _cut(body: str, others=()) -> str:
+  """The section up to and including the first paragraph that states an answer (a label, tag or statement), and
+  before any later paragraph that restates another question (`others`: their signatures)."""
   parts, pos = [], 0
   for m in list(_PARAGRAPH.finditer(body)) + [None]:
     end = m.start() if m else len(body)
     para = body[pos:end]
+    if parts and any(_contains(tuple(_DIGITS.findall(para)), sig) for sig in others):
+      break
     parts.append(para)
     if _stated(para) or _NUMBERED_ANSWER.search(para):
       break
@@ -193,11 +211,25 @@ def _cut(body: str) -> str:
   return "".join(parts).strip()
 
 
-def parse_packed(text: str, n: int) -> list[Parsed]:
+def _others(sigs, k: int) -> list[tuple]:
+  return [sig for j, sig in enumerate(sigs, 1) if j != k and sig is not None and sig != sigs[k - 1]]
+
+
+def parse_packed(text: str, n: int, questions=None) -> list[Parsed]:
   """Per-question (trace, answer) of a completion answering `n` numbered questions; never a guess (see module
-  docstring): what cannot be attributed to exactly one question stays None."""
+  docstring): what cannot be attributed to exactly one question stays None.
+
+  Args:
+    text: the completion.
+    n: the number of questions in the prompt.
+    questions: the n question texts, optional: a section that begins by restating another question's numbers
+      (and not its own) is that question's, so it is dropped; a later paragraph restating another one ends it.
+  """
   if n < 1:
     raise ValueError(f"n must be >= 1, found {n}")
+  if questions is not None and len(questions) != n:
+    raise ValueError(f"questions must hold the n = {n} question texts, found {len(questions)}")
+  sigs = [_signature(q) for q in questions] if questions is not None else [None] * n
   headers = list(_KEYWORD_HEADER.finditer(text)) or list(_BARE_HEADER.finditer(text))
   counts: dict[int, int] = {}
   for h in headers:
@@ -207,7 +239,7 @@ def parse_packed(text: str, n: int) -> list[Parsed]:
     k = int(h.group(1))
     if 1 <= k <= n and counts[k] == 1:
       end = headers[i + 1].start() if i + 1 < len(headers) else len(text)
-      sections[k] = _cut(text[h.end():end].lstrip("*").strip())
+      sections[k] = _cut(text[h.end():end].lstrip("*").strip(), _others(sigs, k))
   if n == 1 and not headers:
     sections[1] = _cut(text.strip())
   labels: dict[int, set] = {}
@@ -220,6 +252,11 @@ def parse_packed(text: str, n: int) -> list[Parsed]:
     trace = sections.get(k)
     if trace is not None and any(int(m.group(1)) != k for m in _OTHER_LABEL.finditer(trace)):
       trace = None  # it names another question: its text may be that question's
+    if trace is not None:
+      lead = tuple(_DIGITS.findall(trace))
+      own = sigs[k - 1] is not None and _contains(lead, sigs[k - 1], prefix=True)
+      if not own and any(_contains(lead, sig, prefix=True) for sig in _others(sigs, k)):
+        trace = None  # it begins by restating another question
     if k in labels:
       answer = next(iter(labels[k])) if len(labels[k]) == 1 else None
     elif trace is not None:
@@ -402,7 +439,8 @@ def summarize(task: Task, entries: list[dict], ns, where, texts, counts) -> tupl
   res, details = {}, {}
   for n in ns:
     rows = [(s, texts[j], counts[j]) for j, (m, s) in enumerate(where) if m == n]
-    parsed = [(s + p.number - 1, p) for s, text, _ in rows for p in parse_packed(text, n)]
+    parsed = [(s + p.number - 1, p) for s, text, _ in rows
+              for p in parse_packed(text, n, [e["question"] for e in entries[s:s + n]])]
     right = [task.correct(p.answer, entries[q]) for q, p in parsed]
     res[f"tokens_per_question.n{n}"] = float(np.mean([c / n for _, _, c in rows]))
     res[f"accuracy.n{n}"] = float(np.mean(right))
@@ -456,7 +494,7 @@ def run_with_model(cfg: Config, out_dir: str, mcfg, params, tok, test_task: Task
   rows = [{"id": i, "question": e["question"], "single_tokens": int(single[i]), "candidates": []}
           for i, e in enumerate(train)]
   for g, text in zip(groups, texts[n_test + len(train):]):
-    for p in parse_packed(text, cfg.train_n):
+    for p in parse_packed(text, cfg.train_n, [train[i]["question"] for i in g]):
       if p.trace:
         q = g[p.number - 1]
         rows[q]["candidates"].append({"trace": p.trace, "tokens": len(tok.encode(sft_completion(p))) + 1,

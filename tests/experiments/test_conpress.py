@@ -112,6 +112,27 @@ def test_parser_single_question_without_header_and_out_of_range_numbers():
     exp.parse_packed("x", 0)
 
 
+def test_parser_drops_a_section_restating_another_question_and_cuts_summaries():
+  qs = ["Calculate 4 - 1.", "Calculate 1 + 5.", "Calculate 5 - 9.", "Calculate 23 - 60."]
+  # position 4 restates question 2: by number it is question 4's, by content question 2's, so it is nobody's
+  text = "1. 4 - 1 = 3\n2. 1 + 5 = 6\n3. 5 - 9 = 1\n4. 1 + 5 = 6\n5. 1 + 5 = 6\n\nThe answer is 6."
+  got = _parse_q(text, qs)
+  assert got[1] == ("4 - 1 = 3", "3") and got[2] == ("1 + 5 = 6", "6") and got[4] == (None, None)
+  assert _parse(text, 4)[4] == ("1 + 5 = 6", "6")  # without the questions only the numbering is known
+  # a closing paragraph that restates other questions is not the last question's trace
+  qs = ["Calculate 88 + 94.", "Calculate 97 + 33.", "Calculate 48 + 16."]
+  text = ("Problem 1: 88 + 94 = 182\n\nProblem 2: 97 + 33 = 130\n\nProblem 3: 48 + 16 = 64\n\n"
+          "These are the results: 88 + 94 = 182, 97 + 33 = 120 and 48 + 16 = 64.")
+  assert _parse_q(text, qs)[3] == ("48 + 16 = 64", "64")
+  assert _parse_q(text, qs)[2] == ("97 + 33 = 130", "130")
+  with pytest.raises(ValueError, match="questions must hold the n = 3 question texts, found 2"):
+    exp.parse_packed(text, 3, qs[:2])
+
+
+def _parse_q(text, questions):
+  return {p.number: (p.trace, p.answer) for p in exp.parse_packed(text, len(questions), questions)}
+
+
 def test_parser_never_attributes_across_questions_on_random_shuffles():
   """Invariant on generated outputs: sections carrying each question's own marker (its answer value 100 + k) are
   shuffled, dropped, duplicated and given mixed header styles; every attributed trace and answer is the
@@ -128,7 +149,7 @@ def test_parser_never_attributes_across_questions_on_random_shuffles():
     text = "\n\n".join(style.format(k=k) + f"{k} + 100 = {100 + k}\nAnswer {k}: {100 + k}" for k in order)
     if rng.random() < 0.3:
       text = "Sure, here they are.\n\n" + text + "\n\nAll done."
-    for p in exp.parse_packed(text, n):
+    for p in exp.parse_packed(text, n, [f"Calculate {k} + 100." for k in range(1, n + 1)]):
       if p.trace is not None:
         assert f"= {100 + p.number}" in p.trace and all(f"= {100 + j}" not in p.trace for j in range(1, 9)
                                                           if j != p.number)
