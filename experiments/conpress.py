@@ -18,14 +18,14 @@ accuracy in the prompts of the largest N (the position bias); `parsed.n<N>` is t
 answer parsed.
 
 Parsing (`parse_packed`) never guesses: sections start at line-leading headers ("Problem k", "Question k",
-"Q k", markdown decoration allowed; bare "k." / "k)" only when no keyword header occurs, so numbered steps inside a
-section are not headers); a number with two headers is unanswered; a section that names another question's label
-("Answer j:", "Problem j:") or begins by restating another question's numbers is dropped; a section ends at the
-next header, after the first paragraph that states an answer, or before a paragraph restating another question
-(a trailing summary is not the question's). A question's answer is its unique "Answer k" label
-anywhere, else the single value its section states ("answer: x", "the answer is x", <answer>x</answer>, \\boxed{x}),
-else the number after the section's last "="; conflicting values leave it unanswered. With N = 1 a text without
-headers is question 1's section.
+"Q k", markdown decoration allowed; bare "k." / "k)" only when no keyword header occurs and N > 1, so numbered
+steps inside a section are not headers); a number with two headers is unanswered; a section that names another
+question's label ("Answer j:", "Problem j:") or begins by restating another question's numbers is dropped; a
+section ends at the next header, after the first paragraph that states an answer, or before a paragraph
+restating another question (a trailing summary is not the question's). A question's answer is its unique
+"Answer k" label anywhere, else the single value its section states ("answer: x", "the answer is x",
+<answer>x</answer>, \\boxed{x}), else the number after the section's last "="; conflicting values leave it
+unanswered. With N = 1 a text without headers is question 1's section.
 
 Method: training questions (disjoint from the held-out ones) are asked alone and packed `train_n` at a time
 (`packings` random groupings); a packed trace is kept when it is correct and concise, i.e. its tokens are fewer
@@ -36,12 +36,13 @@ single-question tokens and accuracy on the held-out questions before (`sft.*_bef
 Baseline, multi-question prompts at test time: `baseline.tokens` / `baseline.accuracy` are the held-out figures
 at N = `train_n` (`baseline.n`). With no kept example the fine-tune is skipped and the `*_after` figures are NaN.
 
-cpu preset: SmolLM2-135M-Instruct on reasoning-gym basic_arithmetic (sums and differences of 2-3 terms of 1-2
-digits), short budgets; smoke: the same model on one prompt per N and two training questions with 4 new tokens
-per question, all generation in one compiled shape (at that budget no trace is usually kept, so the fine-tune
-is exercised by the tests on a tiny model). full: any GGUF / transformers
-chat model and MATH500 / AIME / GSM8K JSONL files by path, ~8k training questions (the paper: -59% tokens on
-MATH500, -33% on AIME25).
+cpu preset: SmolLM2-135M-Instruct on reasoning-gym chain_sum (sums and differences of 2-3 one-digit terms, asked
+as "State the final answer to the following arithmetic problem: 4 - 1 =", which the model answers directly more
+often than basic_arithmetic's "Calculate 4 - 1."), short budgets. smoke: the same model on one prompt per N and
+two training questions with 4 new tokens per question, all generation in one compiled shape (at that budget no
+trace is usually kept, so the fine-tune is exercised by the tests on a tiny model). full: any GGUF /
+transformers chat model and MATH500 / AIME / GSM8K JSONL files by path, ~8k training questions (the paper: -59%
+tokens on MATH500, -33% on AIME25).
 
   python -m experiments run conpress --preset smoke
   python -m experiments run conpress --preset cpu
@@ -83,10 +84,10 @@ class Config:
   ranges for chain_sum / basic_arithmetic) or "jsonl:PATH" (`read_jsonl`: GSM8K, MATH500, AIME rows); train_task
   "" = the task with another seed."""
   model: str = "smollm2-135m-instruct"
-  task: str = "basic_arithmetic"
+  task: str = "chain_sum"
   train_task: str = ""
   terms: tuple[int, int] = (2, 3)
-  digits: tuple[int, int] = (1, 2)
+  digits: tuple[int, int] = (1, 1)
   test_questions: int = 64  # held-out, asked at every N; a multiple of max(ns)
   prompts_per_n: int = 0  # 0: every held-out question at every N; k: the first k prompts of each N
   train_questions: int = 48
@@ -232,7 +233,9 @@ def parse_packed(text: str, n: int, questions=None) -> list[Parsed]:
   if questions is not None and len(questions) != n:
     raise ValueError(f"questions must hold the n = {n} question texts, found {len(questions)}")
   sigs = [_signature(q) for q in questions] if questions is not None else [None] * n
-  headers = list(_KEYWORD_HEADER.finditer(text)) or list(_BARE_HEADER.finditer(text))
+  headers = list(_KEYWORD_HEADER.finditer(text))
+  if not headers and n > 1:  # with one question, bare numbers are its steps
+    headers = list(_BARE_HEADER.finditer(text))
   counts: dict[int, int] = {}
   for h in headers:
     counts[int(h.group(1))] = counts.get(int(h.group(1)), 0) + 1

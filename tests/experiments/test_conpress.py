@@ -103,6 +103,9 @@ def test_parser_answer_tags_statements_and_trailing_summaries():
 
 def test_parser_single_question_without_header_and_out_of_range_numbers():
   assert _parse("4 - 1 = 3", 1) == {1: ("4 - 1 = 3", "3")}
+  # with one question, numbered lines are its steps (SmolLM2 writes the result, then numbered steps)
+  assert _parse("1 + 5 = 6\n\nThe steps are:\n\n1. Calculate 1 + 5", 1) == {
+      1: ("1 + 5 = 6\n\nThe steps are:\n\n1. Calculate 1 + 5", "6")}
   assert _parse("4 - 1 = 3", 2) == {1: (None, None), 2: (None, None)}  # unnumbered text, two questions
   # a header beyond n ends the previous section and is nobody's
   got = _parse("Problem 1: 1 + 1 = 2\nProblem 5: 9 + 9 = 18\nAnswer 5: 18", 2)
