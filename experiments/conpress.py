@@ -539,6 +539,11 @@ def run_with_model(cfg: Config, out_dir: str, mcfg, params, tok, test_task: Task
                        {"tokens per question": (list(cfg.ns), [res[f"tokens_per_question.n{n}"] for n in cfg.ns])},
                        title="conpress: reasoning tokens per question by questions per prompt",
                        xlabel="questions per prompt (N)", ylabel="tokens per question")
+  pos = list(range(1, cfg.ns[-1] + 1))
+  registry.plot_curves(os.path.join(out_dir, "position_tokens.png"),
+                       {"trace tokens": (pos, [res[f"position_tokens.{i}"] for i in pos])},
+                       title=f"conpress: trace tokens by position in prompts of N = {cfg.ns[-1]}",
+                       xlabel="position", ylabel="tokens")
   return res
 
 
