@@ -146,11 +146,22 @@ def _round16(n: int) -> int:
 class Encoder:
   """Token rows and greedy decoding for one tokenizer and VLM config."""
 
-  def __init__(self, tok, cfg: vlm.Config, seq_len: int):
-    self.tok, self.cfg, self.seq_len = tok, cfg, seq_len
+  def __init__(self, tok, cfg: vlm.Config, seq_len: int, trim: bool = True):
+    self.tok, self.cfg, self.seq_len, self.trim = tok, cfg, seq_len, trim
     self.image = [cfg.image_token_id] * cfg.tokens_per_image
     self.pad = tok.pad_id or 0
     self._decode = {}
+
+  def _length(self, items) -> int:
+    return self.row_length(prompt + ([] if target is None else self.encode(target)) for _, prompt, target, *_ in items)
+
+  def row_length(self, seqs) -> int:
+    """Input length of rows holding `seqs` (+ eos): with `trim` the longest rounded up to 32 (at most seq_len),
+    else seq_len (every row set one shape: fewer compilations, more compute)."""
+    n = max(len(x) for x in seqs)
+    if n > self.seq_len:
+      raise ValueError(f"a sequence of {n + 1} tokens exceeds seq_len {self.seq_len} + 1; raise seq_len")
+    return min(self.seq_len, -(-n // 32) * 32) if self.trim else self.seq_len
 
   def encode(self, s: str) -> list[int]:
     return self.tok.encode(s)
@@ -171,16 +182,17 @@ class Encoder:
       mask[len(prompt) - 1:len(prompt) - 1 + len(tgt)] = 1
     return np.asarray(seq[:-1], np.int32), np.asarray(seq[1:], np.int32), mask
 
-  def _rows(self, items):
+  def _rows(self, items, length: int | None = None):
     """items: (question, prompt ids, target text or None, rationale text or None[, loss]) -> stacked arrays; the
     rationale (the target's first words) is the span MCA pools over."""
     inp, tgt, msk, span, anchor = [], [], [], [], []
+    length = length or self._length(items)
     for q, prompt, target, rationale, *loss in items:
-      i, t, m = self.row(prompt, target, self.seq_len, *loss)
-      s = np.zeros(self.seq_len, np.int32)
+      i, t, m = self.row(prompt, target, length, *loss)
+      s = np.zeros(length, np.int32)
       if rationale:
         s[len(prompt):len(prompt) + len(self.encode(rationale))] = 1
-      a = np.zeros(self.seq_len, np.int32)
+      a = np.zeros(length, np.int32)
       a[1:len(prompt)] = 1
       inp.append(i), tgt.append(t), msk.append(m), span.append(s), anchor.append(a)
     return np.stack(inp), np.stack(tgt), np.stack(msk), np.stack(span), np.stack(anchor)
@@ -191,12 +203,17 @@ class Encoder:
     for q in split.questions:
       target = f"answer {q.answer}" if style == "answer" else f"{text(q.positives[0])} answer {q.answer}"
       items.append((q, self.prompt(q), target, None))
-    inp, tgt, msk, _, _ = self._rows(items)
+    inp, tgt, msk, _, _ = self._rows(items, self.phase1_length(split))
     return {"inputs": inp[:, None], "targets": tgt[:, None], "loss_mask": msk[:, None]}
+
+  def phase1_length(self, split: Split) -> int:
+    """The row length of every phase-1 and SFT row (one compiled train step for all of them)."""
+    return self._length([(q, self.prompt(q), f"{text(r)} answer {q.answer}") for q in split.questions
+                         for r in q.positives])
 
   def phase1_rows(self, split: Split, k: int, negatives: bool):
     """[Q, k (+ 4 negatives), T] rows: every positive (+ answer) under CE, negatives for MCA only; role 1 / -1 / 0."""
-    groups, roles = [], []
+    all_items, roles = [], []
     for q in split.questions:
       p = self.prompt(q)
       items = [(q, p, f"{text(r)} answer {q.answer}", text(r)) for r in q.positives[:k]]
@@ -207,9 +224,10 @@ class Encoder:
         items += [(q, p, text(n.steps), text(n.steps), False) for n in negs]
         items += [(q, p, None, None)] * (len(rad.FLAWS) - len(negs))
         role += [-1] * len(negs) + [0] * (len(rad.FLAWS) - len(negs))
-      groups.append(self._rows(items))
+      all_items.append(items)
       roles.append(role)
-    inp, tgt, msk, span, anchor = (np.stack(x) for x in zip(*groups))
+    length = self.phase1_length(split)
+    inp, tgt, msk, span, anchor = (np.stack(x) for x in zip(*(self._rows(items, length) for items in all_items)))
     return {"inputs": inp, "targets": tgt, "loss_mask": msk, "span_mask": span, "anchor_mask": anchor[:, 0],
             "role": np.asarray(roles, np.int32)}
 
