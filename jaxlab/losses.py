@@ -443,13 +443,14 @@ def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, to
                  frozen: tuple[str, ...] = ("vision",)) -> LossFn:
   """MIND phase-1 loss of a VLM: next-token CE on the positive rationales + `alpha` * `mca_loss`.
 
-  Batch (grouped by question): inputs, targets, loss_mask [B, R, T] (the CE mask: the rationale and answer of
-  positive rows), pixels [B * R, H, W, C] (one image per row, rows in order), role [B, R] (1 positive, -1 negative, 0 unused), anchor_mask [B, T] and span_mask [B, R, T]; with
-  alpha 0 only inputs, targets, loss_mask and pixels are read (rows of a group may then be unrelated). Embeddings, from the final-normed LM hidden
-  state: the anchor is its mean over `anchor_mask` (the image and question positions) of row 0 (under causal
-  attention every row of a question shares them), a rationale's embedding its mean over that row's `span_mask`
-  (the rationale's tokens as inputs). Returns (CE sum + alpha * MCA mean * tokens, tokens): the train step's
-  division gives the token-mean CE + alpha * the question-mean MCA, as MIND's loss (CE + alpha * contrastive).
+  Batch (grouped by question): inputs, targets, loss_mask [B, R, T] (the CE mask: the rationale and answer of positive
+  rows), pixels [B * R, H, W, C] (one image per row, rows in order), role [B, R] (1 positive, -1 negative, 0 unused),
+  anchor_mask [B, T] and span_mask [B, R, T]; with alpha 0 only inputs, targets, loss_mask and pixels are read (rows
+  of a group may then be unrelated). Embeddings, from the final-normed LM hidden state: the anchor is its mean over
+  `anchor_mask` (the image and question positions) of row 0 (under causal attention every row of a question shares
+  them), a rationale's embedding its mean over that row's `span_mask` (the rationale's tokens as inputs). Returns (CE
+  sum + alpha * MCA mean * tokens, tokens): the train step's division gives the token-mean CE + alpha * the
+  question-mean MCA, as MIND's loss (CE + alpha * contrastive).
 
   Args:
     cfg: the VLM config.

@@ -39,7 +39,6 @@ import json
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from experiments import registry

@@ -5,13 +5,13 @@ Questions about a `jaxlab.data.tasks.scenes` scene, each needing two or three st
   relation   "how many objects are left of the blue square ?" (left / right of, above / below a unique object):
              locate it, list the objects on that side, count them
   compare    "are there more red objects than circle objects ?": count each attribute, compare the counts
-Answers come from the scene's objects. A rationale is a tuple of steps (a listing step may hold one sentence per object), each ending in " ."; the
-positives are up to `max_positives` distinct (object or step order) x (wording) variants, and each negative is one positive with
-one named flaw (`FLAWS`): a wrong number (`wrong_count`), a wrong colour or shape word in an object phrase
-(`wrong_attribute`), a wrong row / column word, or for comparisons the wrong relation between the counts
-(`wrong_relation`), or one step left out (`skipped_step`). A misleading cue prefixes the question with
-"hint the answer is X ." for a wrong X; in training the hint is right half of the time (so it carries no
-information), at evaluation it is always wrong.
+Answers come from the scene's objects. A rationale is a tuple of steps (a listing step may hold one sentence per
+object), each ending in " ."; the positives are up to `max_positives` distinct (object or step order) x (wording)
+variants, and each negative is one positive with one named flaw (`FLAWS`): a wrong number (`wrong_count`), a wrong
+colour or shape word in an object phrase (`wrong_attribute`), a wrong row / column word, or for comparisons the
+wrong relation between the counts (`wrong_relation`), or one step left out (`skipped_step`). A misleading cue
+prefixes the question with "hint the answer is X ." for a wrong X; in training the hint is right half of the time
+(so it carries no information), at evaluation it is always wrong.
 """
 from __future__ import annotations
 
