@@ -282,12 +282,12 @@ class Encoder:
     pools = [np.flatnonzero(kinds == 1), np.flatnonzero(kinds == -1)]
     return self._sampler(arrays, scenes, split.pixels, groups, per_group, seed, pools)
 
-  def _decoder(self, length: int, max_new: int):
-    key = (length, max_new)
-    if key not in self._decode:
+  def _decoder(self, length: int):
+    """The jitted greedy loop for a token buffer of `length` (the number of new tokens is an argument)."""
+    if length not in self._decode:
       cfg, banned = self.cfg, jnp.asarray([self.cfg.image_token_id, self.pad])
 
-      def run(params, tokens_BT, lengths_B, pixels):
+      def run(params, tokens_BT, lengths_B, pixels, max_new):
         rows = jnp.arange(tokens_BT.shape[0])
 
         def body(i, toks):
@@ -295,8 +295,8 @@ class Encoder:
           nxt = jnp.argmax(logits.at[:, banned].set(-jnp.inf), -1).astype(toks.dtype)
           return toks.at[rows, jnp.minimum(lengths_B + i, length - 1)].set(nxt)
         return jax.lax.fori_loop(0, max_new, body, tokens_BT)
-      self._decode[key] = jax.jit(run)
-    return self._decode[key]
+      self._decode[length] = jax.jit(run)
+    return self._decode[length]
 
   def generate(self, params, split: Split, given: Sequence[str] | None, batch: int, max_new: int,
                min_length: int = 0) -> list[list[str]]:
@@ -304,7 +304,7 @@ class Encoder:
     buffer holds max(min_length, longest prompt + max_new) positions, rounded up to 16."""
     prompts = [self.prompt(q, None if given is None else given[i]) for i, q in enumerate(split.questions)]
     length = _round16(max(min_length, max(map(len, prompts)) + max_new))
-    fn = self._decoder(length, max_new)
+    fn = self._decoder(length)
     words = []
     for s in range(0, len(prompts), batch):
       chunk = prompts[s:s + batch]
@@ -316,7 +316,7 @@ class Encoder:
       toks[len(chunk):, :len(chunk[0])] = chunk[0]
       out = np.asarray(fn(params, jnp.asarray(toks), jnp.asarray([len(p) for p in chunk] + [len(chunk[0])] *
                                                                   (batch - len(chunk)), jnp.int32),
-                          jnp.asarray(split.pixels[scenes])))
+                          jnp.asarray(split.pixels[scenes]), jnp.asarray(max_new, jnp.int32)))
       for i, p in enumerate(chunk):
         gen = out[i, len(p):len(p) + max_new].tolist()
         if self.tok.eos_id in gen:
