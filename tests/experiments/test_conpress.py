@@ -1,4 +1,4 @@
-"""experiments/conpress.py: the packed-answer parser on hand-made adversarial outputs (it never gives a question a
+"""experiments/conpress/: the packed-answer parser on hand-made adversarial outputs (it never gives a question a
 trace or an answer that belongs to another), token counts are completion-mask sums (counted by hand on a tiny
 random model, and a budget cut equals decoding with that budget), the SFT data builder keeps exactly the correct
 concise traces, the LoRA SFT step lowers the loss on its data, the whole run on canned answers gives the figures
