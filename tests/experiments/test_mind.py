@@ -287,6 +287,7 @@ def test_full_preset_paths_are_one_line_errors(tmp_path):
   assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow  # ~70 CPU seconds; CI's smoke reproduce runs the same preset
 def test_smoke_preset_from_the_cli_writes_every_key(tmp_path):
   env = {**os.environ, "PYTHONPATH": REPO, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, "-m", "experiments", "run", "mind", "--preset", "smoke", "--root", "runs"],
