@@ -396,7 +396,9 @@ def mean_pool(h_BTD, mask_BT):
 
 
 def _normalize(x, eps: float = 1e-12):
-  return x / jnp.maximum(jnp.linalg.norm(x, axis=-1, keepdims=True), eps)
+  """x / max(|x|, eps), with finite gradients at x = 0 (an unused row's pooled zeros): the norm's own gradient
+  x / |x| is 0/0 there, so the square root is taken of the clamped squared norm instead."""
+  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps * eps))
 
 
 def _extreme_mean(x_BR, mask_BR, k: int, lowest: bool):

@@ -50,6 +50,22 @@ def test_gradient_flows_only_through_the_hardest_rationales(top_k):
   assert moved == hardest
 
 
+def test_unused_zero_rows_give_finite_gradients():
+  # an unused row (role 0) pools to exact zeros: its norm's gradient is 0/0, which must not reach the step (a
+  # train step skips updates whose gradients are not finite)
+  rs = np.random.RandomState(2)
+  anchor = jnp.asarray(rs.randn(2, 6), jnp.float32)
+  emb = jnp.asarray(rs.randn(2, 4, 6), jnp.float32).at[:, 3].set(0.0).at[1, 2].set(0.0)
+  role = jnp.asarray([[1, -1, 1, 0], [1, -1, 0, 0]])
+  f = lambda a, e: losses.mca_loss(a, e, role, margin=2.0)[0].sum()
+  loss = f(anchor, emb)
+  ga, ge = jax.grad(f, argnums=(0, 1))(anchor, emb)
+  assert float(loss) > 0 and np.all(np.isfinite(np.asarray(ga))) and np.all(np.isfinite(np.asarray(ge)))
+  assert not np.any(np.asarray(ge)[:, 3]) and not np.any(np.asarray(ge)[1, 2])
+  # a zero anchor too (an empty anchor mask): finite
+  assert np.all(np.isfinite(np.asarray(jax.grad(f)(jnp.zeros_like(anchor), emb))))
+
+
 @pytest.mark.parametrize("top_k", [1, 2, 5])
 def test_equals_numpy_transcription(top_k):
   rs = np.random.RandomState(1)
