@@ -12,10 +12,19 @@ def _cell(text) -> str:
   return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _fewer_seeds(report: dict) -> str:
+  """"; name (k seeds), ..." for the experiments that ran on fewer seeds than the report's (those without a
+  seed key run once), or ""."""
+  runs = {n: len(e.get("results_per_seed", ())) for n, e in report.get("experiments", {}).items()}
+  fewer = [f"{n} ({k})" for n, k in sorted(runs.items()) if 0 < k < report["seeds"]]
+  return f"; seeds per experiment where fewer: {', '.join(fewer)}" if fewer else ""
+
+
 def table(report: dict) -> str:
   m = report["machine"]
   lines = [f"Claims checked by `python -m experiments reproduce --preset {report['preset']} --seeds "
-           f"{report['seeds']}` on {report['generated'][:10]} ({m['processor']}, {m['cpus']} CPUs, jax {m['jax']}):",
+           f"{report['seeds']}` on {report['generated'][:10]} ({m['processor']}, {m['cpus']} CPUs, jax {m['jax']}"
+           f"{_fewer_seeds(report)}):",
            "", "| short name | paper | experiments | claims at the " + report["preset"] + " preset |",
            "|---|---|---|---|"]
   for short, p in report["papers"].items():

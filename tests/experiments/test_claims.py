@@ -134,6 +134,16 @@ def test_readme_table_is_generated_from_the_report(toy, tmp_path):
   assert not readme_lib.update(str(readme), json.load(open(f"{root}/claims.json")))  # idempotent
 
 
+def test_readme_table_names_experiments_run_on_fewer_seeds():
+  machine = {"processor": "x86_64", "cpus": 2, "jax": "0"}
+  report = {"preset": "cpu", "seeds": 2, "generated": "2026-12-02 00:00:00", "machine": machine, "papers": {},
+            "experiments": {"a": {"results_per_seed": [{}, {}]}, "b": {"results_per_seed": [{}]},
+                            "c": {"error": "x"}}}
+  assert readme_lib.table(report).splitlines()[0].endswith("jax 0; seeds per experiment where fewer: b (1)):")
+  report["experiments"]["b"]["results_per_seed"].append({})
+  assert readme_lib.table(report).splitlines()[0].endswith("jax 0):")
+
+
 def test_the_projects_readme_carries_a_generated_table():
   text = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
   assert readme_lib.BEGIN in text and readme_lib.END in text
