@@ -26,7 +26,6 @@ then over every caption token. Missing or malformed paths stop the run with an e
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 
@@ -120,18 +119,10 @@ def _full_data(cfg: Config, art: pipe.Artifacts):
           "pixels": pipe.normalize(images, IMAGE_MEAN, IMAGE_STD)}
 
 
-def _sources(source: str, out_dir: str) -> list[str]:
-  """`source` (a bare name: beside `out_dir`) and its reproduce siblings: seeds `.seedK`, reruns `-N`."""
-  if not source:
-    return []
-  base = source if os.path.dirname(source) else os.path.join(os.path.dirname(os.path.abspath(out_dir)), source)
-  return [base] + sorted(glob.glob(glob.escape(base) + ".seed*") + glob.glob(glob.escape(base) + "-*"))
-
-
 def _trained(cfg: Config, out_dir: str, resume: bool):
   if cfg.vlm_path is not None:
     return pipe.load_checkpoint(cfg.vlm_path), "checkpoint"
-  for d in _sources(cfg.source, out_dir):
+  for d in pipe.source_dirs(cfg.source, out_dir):
     art = pipe.load_artifacts(d, cfg.train)
     if art is not None:
       return art, "reused"

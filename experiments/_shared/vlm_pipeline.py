@@ -11,6 +11,7 @@ background . <eos>" with the loss on the caption tokens.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 from typing import NamedTuple, Sequence
@@ -166,6 +167,15 @@ class Artifacts(NamedTuple):
 
 def artifacts_dir(run_dir: str) -> str:
   return os.path.join(run_dir, "artifacts")
+
+
+def source_dirs(source: str, out_dir: str) -> list[str]:
+  """Run directories that may hold a reusable VLM: `source` (a bare name: beside `out_dir`) and its reproduce
+  siblings (seeds `.seedK`, reruns `-N`); [] for an empty source."""
+  if not source:
+    return []
+  base = source if os.path.dirname(source) else os.path.join(os.path.dirname(os.path.abspath(out_dir)), source)
+  return [base] + sorted(glob.glob(glob.escape(base) + ".seed*") + glob.glob(glob.escape(base) + "-*"))
 
 
 def load_artifacts(run_dir: str, train: TrainConfig | None = None) -> Artifacts | None:

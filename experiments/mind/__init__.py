@@ -34,7 +34,6 @@ The full preset takes a LLaVA checkpoint (`vlm_path`) and a RAD JSON-lines file 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 
@@ -104,14 +103,6 @@ PRESETS = {
 }
 
 
-def _sources(source: str, out_dir: str) -> list[str]:
-  """`source` (a bare name: beside `out_dir`) and its reproduce siblings: seeds `.seedK`, reruns `-N`."""
-  if not source:
-    return []
-  base = source if os.path.dirname(source) else os.path.join(os.path.dirname(os.path.abspath(out_dir)), source)
-  return [base] + sorted(glob.glob(glob.escape(base) + ".seed*") + glob.glob(glob.escape(base) + "-*"))
-
-
 def _vlm(cfg: Config, out_dir: str, resume: bool):
   if cfg.vlm_path is not None:
     return pipe.load_checkpoint(cfg.vlm_path), "checkpoint"
@@ -122,7 +113,7 @@ def _vlm(cfg: Config, out_dir: str, resume: bool):
                       feature_layers=(-1,))
     return pipe.Artifacts(vcfg, vlm.init(vcfg, jax.random.PRNGKey(cfg.seed)), load_tokenizer(tok_dir), {},
                           cfg.train.scenes), "random"
-  for d in _sources(cfg.source, out_dir):
+  for d in pipe.source_dirs(cfg.source, out_dir):
     art = pipe.load_artifacts(d, cfg.train)
     if art is not None:
       return art, "reused"

@@ -246,7 +246,7 @@ def test_lost_in_attention_reuses_only_a_vlm_trained_with_its_train_config(ll_ru
   monkeypatch.setattr(pipe, "train_vlm", lambda c, o, r: trained.append(c.seed) or pipe.load_artifacts(ll_run[0]))
   out = str(root / "lost_in_attention")
   assert lia._trained(lia.Config(source="latentlens"), out, False)[1] == "reused"
-  assert lia._sources("latentlens", out) == [str(root / "latentlens"), str(root / "latentlens.seed1")]
+  assert pipe.source_dirs("latentlens", out) == [str(root / "latentlens"), str(root / "latentlens.seed1")]
   assert lia._trained(lia.Config(source="latentlens", train=seed1), out, False)[1] == "reused"
   assert trained == []
   seed2 = dataclasses.replace(seed1, seed=2)
