@@ -19,7 +19,7 @@ the ViT frozen, with the same optimizer, rows per step and total steps:
 At test time mind generates a rationale with the phase-1 model and answers with the phase-2 model given it (as
 the reference feeds phase-1 rationales to phase 2). Accuracy is the exact answer word after "answer" in the
 greedy output, on held-out scenes without (`accuracy.*`) and with a wrong hint (`accuracy_misleading.*`);
-training questions carry a hint that is right half of the time. `correction_rate.mind`: over test questions
+a third of the training questions carry a wrong hint, a third a right one. `correction_rate.mind`: over test questions
 given one of their negatives, the share where phase 2 says "wrong" and answers right. `mca_ablation.accuracy`:
 mind with alpha 0.
 

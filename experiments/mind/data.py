@@ -42,7 +42,7 @@ def mislead(questions: Sequence[rad.Question], seed: int) -> list[rad.Question]:
 
 
 def scene_splits(cfg, scene_cfg: scenes_lib.SceneConfig) -> tuple[Split, Split, Split]:
-  """(train with hints right half of the time, test, test with wrong hints) over fresh scenes."""
+  """(train with a wrong, a right or no hint per question, test, test with wrong hints) over fresh scenes."""
   train_sc = scenes_lib.generate(cfg.n_train_scenes, scene_cfg, seed=cfg.seed + 101)
   test_sc = scenes_lib.generate(cfg.n_test_scenes, scene_cfg, seed=cfg.seed + 202)
   train = rad.generate(train_sc, cfg.rad, cfg.seed + 1, "train", scene_cfg)

@@ -10,8 +10,9 @@ object), each ending in " ."; the positives are up to `max_positives` distinct (
 variants, and each negative is one positive with one named flaw (`FLAWS`): a wrong number (`wrong_count`), a wrong
 colour or shape word in an object phrase (`wrong_attribute`), a wrong row / column word, or for comparisons the
 wrong relation between the counts (`wrong_relation`), or one step left out (`skipped_step`). A misleading cue
-prefixes the question with "hint the answer is X ." for a wrong X; in training the hint is right half of the time
-(so it carries no information), at evaluation it is always wrong.
+prefixes the question with "hint the answer is X ." for a wrong X; in training a third of the questions carry a
+wrong hint, a third a right one (so a hint carries no information) and a third none (as the plain test questions);
+at evaluation with cues it is always wrong.
 """
 from __future__ import annotations
 
@@ -271,7 +272,8 @@ def generate(scenes: scenes_lib.Scenes, cfg: RadConfig = RadConfig(), seed: int 
     scenes: the scenes (`scenes_lib.generate`).
     cfg: which kinds and how many positives.
     seed: the question sampler's seed.
-    hints: "none"; "train" (a hint on every question, right or wrong with probability 1/2); "misleading" (a
+    hints: "none"; "train" (a wrong hint, a right hint or none, each with probability 1/3: the
+      test questions without a hint stay in the training distribution); "misleading" (a
       wrong hint on every question).
     scene_cfg: the scenes' config (its shape words).
   """
@@ -295,9 +297,10 @@ def generate(scenes: scenes_lib.Scenes, cfg: RadConfig = RadConfig(), seed: int 
     else:
       continue
     hint = None
-    if hints == "misleading" or (hints == "train" and rng.random() < 0.5):
+    u = rng.random() if hints == "train" else 1.0
+    if hints == "misleading" or u < 1 / 3:
       hint = wrong_answer(kind, answer, rng)
-    elif hints == "train":
+    elif hints == "train" and u < 2 / 3:
       hint = answer
     out.append(Question(i, kind, words, args, answer, positives, negs, hint))
   return out

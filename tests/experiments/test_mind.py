@@ -136,9 +136,11 @@ def test_compare_negatives_state_a_false_count_or_relation(questions):
 
 def test_hints(questions):
   _, qs = questions
-  right = [q.hint == q.answer for q in qs]
-  assert all(q.hint for q in qs) and 0.3 < np.mean(right) < 0.7
-  assert all(q.prompt.startswith(f"hint the answer is {q.hint} . ") for q in qs)
+  share = lambda f: np.mean([f(q) for q in qs])
+  assert all(0.2 < share(f) < 0.47 for f in (lambda q: q.hint is None, lambda q: q.hint == q.answer,
+                                                lambda q: q.hint is not None and q.hint != q.answer))
+  assert all(q.prompt.startswith(f"hint the answer is {q.hint} . ") for q in qs if q.hint)
+  assert all(q.prompt == q.words for q in qs if q.hint is None)
   mis = D.mislead(qs, 0)
   assert all(m.hint != q.answer and m.words == q.words for m, q in zip(mis, qs))
 
