@@ -105,14 +105,20 @@ def test_ctrl_c_keeps_complete_checkpoints_and_prints_the_resume_command(tmp_pat
   # far more steps than the run can take before the interrupt, so that a slow poll under load cannot let it finish
   args = [sys.executable, "-m", "experiments", "run", "lm_pretrain", *SMALL, "--set", "steps=100000",
           "--set", "ckpt_every=5", "--set", "log_every=1", "--out", "r"]
-  proc = subprocess.Popen(args, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(args, cwd=tmp_path, env=_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
   try:
     metrics, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 300
     while not (metrics.exists() and metrics.read_text().count("\n") > 12):
       assert proc.poll() is None and time.time() < deadline, proc.communicate()
       time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)  # saving and exiting take long at a load of 8 on 2 cores
+    try:
+      out, err = proc.communicate(timeout=300)  # saving and exiting take long at a load of 8 on 2 cores
+    except subprocess.TimeoutExpired:  # stuck: SIGABRT makes faulthandler print every thread's stack
+      proc.send_signal(signal.SIGABRT)
+      err = proc.communicate(timeout=60)[1]
+      pytest.fail(f"no exit within 300 s of Ctrl-C; the run's threads:\n{err[-8000:]}")
   finally:
     proc.kill()
   assert proc.returncode == 130, err[-3000:]
