@@ -41,7 +41,7 @@ import optax
 import yaml
 
 from experiments import registry
-from experiments._shared.chat_models import chat_ids, load_chat_model, resolve_model
+from experiments._shared.chat_models import chat_ids, load_chat_model, resolve_model, stop_tokens
 from experiments.runner.claims import Claim
 from jaxlab.adapters import lora
 from jaxlab.data import tokenizers
@@ -147,8 +147,7 @@ class Model:
     else:
       self.cfg, self.params, self.tok = load_chat_model(spec)
     self.gen_batch, self.max_new_tokens = gen_batch, max_new_tokens
-    self.stops = tuple(sorted({self.tok.eos_id, *((self.cfg.eos_token_id,) if isinstance(self.cfg.eos_token_id, int)
-                                                   else (self.cfg.eos_token_id or ()))}))
+    self.stops = stop_tokens(self.cfg, self.tok)
 
   def ids(self, text: str) -> list[int]:
     return chat_ids(self.tok, text)

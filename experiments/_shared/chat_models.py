@@ -48,11 +48,15 @@ def chat_ids(tok, prompt: str, system: str | None = None, history=()) -> list[in
                                  tokenize=True)
 
 
+def stop_tokens(cfg, tok) -> tuple[int, ...]:
+  """The tokenizer's eos and the model config's eos id(s), sorted: where a chat answer ends."""
+  ids = (cfg.eos_token_id,) if isinstance(cfg.eos_token_id, int) else (cfg.eos_token_id or ())
+  return tuple(sorted({tok.eos_id, *ids}))
+
+
 def answer(cfg, params, tok, prompt_ids, max_new_tokens, temperature=0.0, top_p=None, key=None):
   """Generates for a batch of token lists; returns (answers, new-token counts)."""
-  stops = tuple(sorted({tok.eos_id, *((cfg.eos_token_id,) if isinstance(cfg.eos_token_id, int) else
-                                      (cfg.eos_token_id or ()))}))
   out = sample(params, cfg, list(prompt_ids), max_new_tokens, temperature=temperature, top_p=top_p, key=key,
-               stop_tokens=stops, pad_id=tok.batch_pad_id)
+               stop_tokens=stop_tokens(cfg, tok), pad_id=tok.batch_pad_id)
   toks, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
   return [tok.decode(t[:n]).strip() for t, n in zip(toks, lengths)], lengths

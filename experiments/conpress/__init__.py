@@ -62,7 +62,7 @@ import optax
 
 from experiments import registry
 from experiments._shared.adapters import sft_batches
-from experiments._shared.chat_models import chat_ids, load_chat_model
+from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
 from experiments._shared.recipes import fit
 from experiments.conpress.parsing import Parsed, parse_packed, sft_completion  # noqa: F401  (public here too)
 from experiments.runner.claims import Claim
@@ -221,8 +221,7 @@ def generate(params, mcfg, tok, prompts: list[list[int]], budgets: list[int], ge
   Returns:
     (texts, token counts): a count is the row's completion-mask sum (generated tokens, the stop token included).
   """
-  stops = tuple(sorted({tok.eos_id, *((mcfg.eos_token_id,) if isinstance(mcfg.eos_token_id, int) else
-                                      (mcfg.eos_token_id or ()))}))
+  stops = stop_tokens(mcfg, tok)
   pad = tok.batch_pad_id
   texts, counts = [None] * len(prompts), np.zeros(len(prompts), np.int64)
   groups = [list(range(len(prompts)))] if one_shape else \
