@@ -270,6 +270,35 @@ def shard_batch(batch, mesh):
   return jax.tree.map(one, batch)
 
 
+def process_rows(batch):
+  """This process's rows of a global host batch, the part `shard_batch` expects from it.
+
+  Every process holds the whole batch; process i keeps the i-th of `process_count` equal contiguous slices. In a
+  single process this is the batch unchanged. Scalars are kept whole.
+  """
+  n, i = jax.process_count(), jax.process_index()
+  if n == 1:
+    return batch
+
+  def one(x):
+    x = np.asarray(x)
+    if x.ndim == 0:
+      return x
+    if x.shape[0] % n:
+      raise ValueError(f"a batch of {x.shape[0]} rows does not split into equal parts over {n} processes")
+    k = x.shape[0] // n
+    return x[i * k:(i + 1) * k]
+  return jax.tree.map(one, batch)
+
+
+def to_numpy(x) -> np.ndarray:
+  """The whole value of `x` as a NumPy array on every process (all-gathered when it spans several)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
+
+
 # --------------------------------------------------------------------------------------- multi-process
 
 _TPU_ENV = ("TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID", "TPU_WORKER_ID",

@@ -14,6 +14,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from jaxlab import sharding as shd
 from jaxlab.generate import sampling
 from jaxlab.models import transformer as tfm
 
@@ -84,12 +85,12 @@ def sample_rollout(params, cfg: tfm.Config, prompts: Sequence[Sequence[int]], ex
   rows = repeat_groups([list(p) for p in prompts], group_size)
   out = sampling.sample(params, cfg, rows, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         key=key, stop_tokens=tuple(stop_tokens), pad_id=pad, return_logprobs=True, **sample_kw)
-  tokens, mask, logp = np.asarray(out.tokens), np.asarray(out.completion_mask), np.asarray(out.logprobs)
+  tokens, mask, logp = (shd.to_numpy(x) for x in (out.tokens, out.completion_mask, out.logprobs))
   if stop_strings:
     tokens, mask, logp = truncate_at_stop_strings(tokens, mask, logp, decode, stop_strings, pad)
   completions = [row[:int(m.sum())].tolist() for row, m in zip(tokens, mask)]
   texts = [decode(c) for c in completions] if decode is not None else completions
-  return Rollout(np.asarray(out.sequences[:, :out.prompt_mask.shape[1]]), np.asarray(out.prompt_mask), tokens,
+  return Rollout(shd.to_numpy(out.sequences)[:, :out.prompt_mask.shape[1]], shd.to_numpy(out.prompt_mask), tokens,
                  mask, logp, texts, repeat_groups(list(examples), group_size))
 
 

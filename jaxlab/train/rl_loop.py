@@ -7,6 +7,9 @@ batch, each against the same old log-probs. The rollout key is split off the tra
 checkpoint (policy, optimizer state, reference params, rng, prompt position) resumes the run bit-exactly.
 Each iteration logs reward, KL, clip fraction, entropy and response length to metrics.jsonl and the progress
 bar. The step shards like `jaxlab.train.step`: state by the sharding rules, the rollout batch over rows.
+Over several processes (`jax.distributed`) every process draws the same prompts, samples and scores the whole
+rollout (one program over the global mesh), and feeds its own rows to the update; every process's prompt
+position goes into the checkpoint (`jaxlab.train.loop.gather_data_state`).
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from jaxlab.models import transformer as tfm
 from jaxlab.rl import grpo as grpo_lib
 from jaxlab.rl import rollout as rollout_lib
 from jaxlab.train import metrics as metrics_lib
-from jaxlab.train.loop import NonFiniteError
+from jaxlab.train.loop import NonFiniteError, gather_data_state, local_data_state
 from jaxlab.train.state import TrainState, as_train_state
 from jaxlab.train.step import cast_floats, jit_train_step, leaf_paths
 
@@ -127,12 +130,14 @@ def rl_loop(state: TrainState, model_cfg: tfm.Config, gcfg: grpo_lib.GRPOConfig,
   if gcfg.beta > 0 and ref_params is None:
     raise ValueError("GRPO with beta > 0 needs ref_params (the frozen reference policy)")
   ref_params = ref_params if gcfg.beta > 0 else None
+  if jax.process_count() > 1 and mesh is None:
+    raise ValueError(f"GRPO over {jax.process_count()} processes needs the mesh the state is sharded on (mesh=)")
   start = 0
   if resume and checkpointer is not None:
     got = restore(checkpointer, state, ref_params)
     if got is not None:
       start, state, ref_params, data_state = got
-      prompts.set_state(data_state)
+      prompts.set_state(local_data_state(data_state))
   try:
     return _run(state, model_cfg, gcfg, train_step, prompts, reward_fn, num_iterations, ref_params, decode, mesh,
                 checkpointer, ckpt_every, metrics_path, log_every, metadata, desc, dict(sample_kw or {}), start)
@@ -163,9 +168,9 @@ def _run(state, model_cfg, gcfg, train_step, prompts, reward_fn, num_iterations,
       ref_logp = None
       if ref_params is not None:
         ref_logp = _reference_logp(ref_params, ro.prompt, ro.prompt_mask, ro.tokens, model_cfg, gcfg.temperature)
-      batch = rollout_lib.as_batch(ro, adv, None if ref_logp is None else np.asarray(ref_logp))
+      batch = rollout_lib.as_batch(ro, adv, None if ref_logp is None else shd.to_numpy(ref_logp))
       if mesh is not None:
-        batch = shd.shard_batch(batch, mesh)
+        batch = shd.shard_batch(shd.process_rows(batch), mesh)
       window = []
       for _ in range(gcfg.updates_per_batch):
         state, m = train_step(state, batch)
@@ -181,7 +186,7 @@ def _run(state, model_cfg, gcfg, train_step, prompts, reward_fn, num_iterations,
       done = it + 1
       last = done == num_iterations
       if checkpointer is not None and (ckpt_every and done % ckpt_every == 0 or last):
-        checkpointer.save(done, _tree(state, ref_params), data_state=prompts.get_state(),
+        checkpointer.save(done, _tree(state, ref_params), data_state=gather_data_state(prompts.get_state()),
                           metadata=dict(metadata or {}, iteration=done, updates=int(jax.device_get(state.step))))
       if done % log_every == 0 or last or done == start + 1:
         record = {"step": done, "updates": int(jax.device_get(state.step)), "reward": float(rewards.mean()),
