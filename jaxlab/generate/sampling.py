@@ -109,9 +109,10 @@ def layer_list_cache(cfg: tfm.Config, batch: int, max_len: int):
   return {"k": zeros, "v": zeros, "pos": jnp.full((batch, max_len), -1, jnp.int32), "index": jnp.zeros((), jnp.int32)}
 
 
-def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT, cache):
+def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT, cache, logits_at_B=None):
   """`transformer.forward` with a KV cache over `split_layers` params and a `layer_list_cache`: the same
-  positions, masks, blocks and head, with the layers unrolled instead of scanned."""
+  positions, masks, blocks and head, with the layers unrolled instead of scanned. With `logits_at_B` the head
+  reads only that position of each row (logits [B, 1, V]: a prefill never holds [B, T, V])."""
   dt = jnp.dtype(cfg.dtype)
   x = layers.embed(params["embed"], tokens_BT, dt)
   b, t = x.shape[:2]
@@ -124,6 +125,8 @@ def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT,
     x, _, _, _, (kc, vc) = tfm.block(p, x, cos, sin, mask, cfg, slot, index, i, None, None)
     ks.append(kc[0])
     vs.append(vc[0])
+  if logits_at_B is not None:
+    x = jnp.take_along_axis(x, logits_at_B[:, None, None], axis=1)
   h = layers.rms_norm(params["final_norm"], x, cfg.norm_eps)
   logits = layers.linear(params["lm_head"], h, dt) if "lm_head" in params else layers.unembed(params["embed"], h, dt)
   return tfm.Output(logits=logits, cache={"k": tuple(ks), "v": tuple(vs), "pos": k_pos, "index": index + t})
@@ -144,9 +147,13 @@ def _generate(params, prompt_BT, mask_BT, key, temperature, top_p, max_length, p
   limit_B = jnp.clip(max_length - jnp.sum(mask_BT, axis=1), 0, max_new)
 
   cache = init_cache_fn(cfg, b, t + max_new - 1)
-  out = forward_fn(params, prompt_BT, cfg, attention_mask_BT=mask_BT, cache=cache)
   last = t - 1 - jnp.argmax(mask_BT[:, ::-1], axis=1)  # last real prompt position (any padding side)
-  logits_BV = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
+  if forward_fn is layer_list_forward:
+    out = forward_fn(params, prompt_BT, cfg, attention_mask_BT=mask_BT, cache=cache, logits_at_B=last)
+    logits_BV = out.logits[:, 0].astype(jnp.float32)
+  else:
+    out = forward_fn(params, prompt_BT, cfg, attention_mask_BT=mask_BT, cache=cache)
+    logits_BV = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 
   def emit(i, logits_BV, tokens_BN, done_B, lengths_B, all_logits, logp_BN):
     tok = _choose(logits_BV, jax.random.fold_in(key, i), greedy, temperature, top_k, top_p)
