@@ -194,6 +194,25 @@ def test_phase1_rows_roles_and_masks(encoder):
         " ".join(["<image>"] * 16 + q.words.split())
 
 
+def test_a_non_finite_step_stops_training_with_its_step_and_leaf(encoder, tmp_path):
+  from experiments.mind import Trainer
+  from jaxlab.train.loop import NonFiniteError
+  sc = S.generate(4, seed=2)
+  qs = rad.generate(sc, seed=1)
+  split = D.Split(qs, np.zeros((4, 48, 48, 3), np.float32))
+  cfg = EXP.presets["smoke"]
+  good = next(encoder.sft_sampler(split, "rationale", 2, 1, seed=0))
+  bad = dict(good, pixels=jnp.full_like(good["pixels"], jnp.nan))
+  trainer = Trainer(cfg, encoder.cfg, str(tmp_path))
+  params = vlm.init(encoder.cfg, jax.random.PRNGKey(0))
+  trainer.fit("ok", params, iter([good, good]), 2)  # finite steps pass
+  with pytest.raises(NonFiniteError, match="sft: non-finite loss or gradient at step 2") as e:
+    trainer.fit("sft", params, iter([good, bad, good]), 3)
+  assert e.value.step == 2 and e.value.leaf is not None
+  events = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  assert [(r["stage"], r.get("event")) for r in events if r.get("event")] == [("sft", "non_finite")]
+
+
 def test_output_parsing():
   out = "the red objects are the red bar at the top left . so there are one . answer one".split()
   assert D.final_answer(out) == "one" and D.rationale_of(out).endswith("so there are one .")
