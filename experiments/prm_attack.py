@@ -24,7 +24,9 @@ comma-separated pieces of its answer; an answer without any scores 0). Before an
 exact-match accuracy of greedy answers to held-out problems, and the share of the reward gain that vanishes when
 the answers are rewritten into the neutral style (every equation re-rendered as "a+b=c", other text dropped).
 At the full preset (a PRM checkpoint, AIME-class problems) this tier needs a policy by path and is off
-(`rl_iterations=0`).
+(`rl_iterations=0`). The cpu preset's 300 attack steps and 50 GRPO iterations at lr 2.5e-4 were chosen by
+measurement: 60 steps lift the discrete-token reward by 0.26 only, 30 iterations at 1e-4 the PRM reward by 0.07, and
+60 iterations at 5e-4 hack the reward (0.99 on training batches) and then diverge to answers the PRM cannot score.
 
   python -m experiments run prm_attack --preset cpu
   python -m experiments run prm_attack --preset full --set prm_path=/ckpt/Qwen2.5-Math-PRM-7B \
@@ -74,14 +76,14 @@ class Config:
   head_lr: float = 3e-3
   batch: int = 32
   attack_tokens: int = 4
-  attack_steps: int = 60
+  attack_steps: int = 300
   attack_rows: int = 8
   attack_lr: float = 0.1
   attack_position: str = "auto"  # "auto": "middle" for a step head, "end" for a value head (as the paper)
-  rl_iterations: int = 30
+  rl_iterations: int = 50
   rl_prompts: int = 8
   rl_group: int = 8
-  rl_lr: float = 1e-4
+  rl_lr: float = 2.5e-4
   policy_sft_steps: int = 300
   policy: adapters.Setup = adapters.Setup.cpu(steps=3, train_examples=2000, test_examples=64, max_new_tokens=32,
                                                 seq_len=128)
