@@ -8,8 +8,9 @@ probes of `jaxlab.interp.probes` are trained on the first half of the examples a
   final answer  accuracy of the answer probe (over the answer words of all tasks) at every CoT position;
   uncertainty   the LM's own answer after the CoT (its argmax over the task's answer words) is right or wrong;
                 scores for being right: minus the pivot uncertainty (mean of the k = 5 lowest answer-probe
-                entropies over the CoT, at `uncertainty_layer`), the LM's self-certainty over the CoT, minus
-                the CoT's perplexity; AUROC of each;
+                entropies over the CoT, at `uncertainty_layer`), minus the mean of the k highest (the paper's
+                top-k-highest-entropy baseline), the LM's self-certainty over the CoT, minus the CoT's
+                perplexity; AUROC of each;
   CoT bypass    where the answer probe's normalized entropy falls below `bypass_threshold` within the first
                 `bypass_window` CoT positions, the probe's answer replaces the CoT's; rate and accuracy change.
 The CoT is the task's template rather than the model's own sampling (a 135M model's CoTs rarely finish), so
@@ -170,13 +171,15 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
   norm_ent = ent / np.log(len(answer_ids))
   pred_probe = np.asarray(answer_ids)[answer_probs[cfg.uncertainty_layer].argmax(-1)]
   test = [i for i, r in enumerate(rows) if r["split"] == "test"]
-  correct, pivot, sc, ppl, bypassed, bypass_right = [], [], [], [], [], []
+  correct, pivot, high, sc, ppl, bypassed, bypass_right = [], [], [], [], [], [], []
   for i in test:
     r, here = rows[i], pos[:, 0] == i
     cols = [answer_ids.index(a) for a in r["choices"]]
     lm_answer = r["choices"][int(np.argmax(lm[i]["answer_logits"][cols]))]
     correct.append(lm_answer == r["answer"])
-    pivot.append(float(probes.pivot_uncertainty(ent[here][None], np.ones((1, here.sum()), bool), cfg.pivot_k)[0]))
+    every = np.ones((1, here.sum()), bool)
+    pivot.append(float(probes.pivot_uncertainty(ent[here][None], every, cfg.pivot_k)[0]))
+    high.append(float(probes.pivot_uncertainty(ent[here][None], every, cfg.pivot_k, highest=True)[0]))
     cot = slice(r["cot_start"] - 1, r["cot_end"] - 1)  # positions whose next token is a CoT token
     sc.append(float(np.mean(lm[i]["sc"][cot])))
     ppl.append(float(np.exp(-np.mean(lm[i]["next_logprob"][cot]))))
@@ -186,6 +189,7 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
   correct = np.asarray(correct)
   both = 0 < correct.sum() < len(correct)
   res["auroc.pivot"] = probes.auroc(-np.asarray(pivot), correct) if both else float("nan")
+  res["auroc.topk_highest"] = probes.auroc(-np.asarray(high), correct) if both else float("nan")
   res["auroc.self_certainty"] = probes.auroc(np.asarray(sc), correct) if both else float("nan")
   res["auroc.perplexity"] = probes.auroc(-np.asarray(ppl), correct) if both else float("nan")
   res["bypass.rate"] = float(np.mean(bypassed))

@@ -364,12 +364,14 @@ def entropy(logits, axis: int = -1):
   return -jnp.sum(jnp.exp(logp) * logp, axis=axis)
 
 
-def pivot_uncertainty(entropy_BT, mask_BT, k: int = 5):
-  """[B] mean of the k lowest entropies among each row's masked-in positions (fewer if a row has fewer)."""
-  e = jnp.where(jnp.asarray(mask_BT, bool), jnp.asarray(entropy_BT, jnp.float32), jnp.inf)
+def pivot_uncertainty(entropy_BT, mask_BT, k: int = 5, highest: bool = False):
+  """[B] mean of the k lowest entropies among each row's masked-in positions (fewer if a row has fewer); with
+  `highest`, of the k highest (Tele-Lens's top-k-highest-entropy baseline)."""
+  sign = -1.0 if highest else 1.0
+  e = jnp.where(jnp.asarray(mask_BT, bool), sign * jnp.asarray(entropy_BT, jnp.float32), jnp.inf)
   low = -jax.lax.top_k(-e, min(k, e.shape[-1]))[0]
   finite = jnp.isfinite(low)
-  return jnp.sum(jnp.where(finite, low, 0.0), -1) / jnp.maximum(jnp.sum(finite, -1), 1)
+  return sign * jnp.sum(jnp.where(finite, low, 0.0), -1) / jnp.maximum(jnp.sum(finite, -1), 1)
 
 
 def self_certainty(logits_BTV, mask_BT):

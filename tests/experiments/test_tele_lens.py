@@ -53,7 +53,7 @@ def test_runs_on_a_tiny_model_and_writes_every_claimed_key(tmp_path):
   claimed = {k for c in registry.get("tele_lens").claims for k in c.keys}
   wanted = {f"horizon.top5.layer{l}.d{d}" for l in CFG.layers for d in range(1, 9)}
   wanted |= {f"final_answer_acc.layer{l}" for l in CFG.layers} | claimed
-  wanted |= {"auroc.pivot", "auroc.self_certainty", "auroc.perplexity", "bypass.rate", "bypass.accuracy_change"}
+  wanted |= {"auroc.pivot", "auroc.topk_highest", "auroc.self_certainty", "auroc.perplexity", "bypass.rate", "bypass.accuracy_change"}
   assert wanted <= set(res)
   for k in wanted - {"bypass.accuracy_change"}:
     assert math.isnan(res[k]) or 0.0 <= res[k] <= 1.0, (k, res[k])

@@ -126,6 +126,8 @@ def test_topk_entropies_and_readouts_against_numpy():
   mask[:, 0] = True
   got = probes.pivot_uncertainty(ent, mask, k=2)
   np.testing.assert_allclose(got, [np.sort(e[m])[:2].mean() for e, m in zip(ent, mask)], rtol=1e-5)
+  got = probes.pivot_uncertainty(ent, mask, k=2, highest=True)
+  np.testing.assert_allclose(got, [np.sort(e[m])[-2:].mean() for e, m in zip(ent, mask)], rtol=1e-5)
   kl = (np.log(1 / 11) - np.log(p)).mean(-1)  # KL(U || p) = mean_v (log U - log p_v)
   np.testing.assert_allclose(probes.self_certainty(logits, mask), [k[m].mean() for k, m in zip(kl, mask)], rtol=1e-4)
   lp = np.log(p[..., 0])
