@@ -101,23 +101,31 @@ def main(argv=None) -> dict:
   model = asr.load(model_dir)
   t, text = _best_time(lambda: model.transcribe(audio, pad="zeros"), args.repeats)
   out.update({"jaxlab.seconds": t, "jaxlab.text": text})
-  try:
-    from faster_whisper import WhisperModel
-  except ImportError:
-    out["faster_whisper"] = "not installed: pip install --no-deps faster-whisper==1.2.1 ctranslate2==4.8.5 av==18.1.0"
+  fw = _faster_whisper(model_dir, out)
+  if fw is None:
     return out
-  fw = WhisperModel(model_dir, device="cpu", compute_type="float32", cpu_threads=os.cpu_count() or 1)
-
-  def faster():
-    segs, _ = fw.transcribe(audio, beam_size=1, temperature=0, without_timestamps=True, vad_filter=False,
-                            condition_on_previous_text=False, language="en")
-    return " ".join(s.text.strip() for s in segs if s.text.strip())
-
-  t, text = _best_time(faster, args.repeats)
+  t, text = _best_time(lambda: _fw_transcribe(fw, audio), args.repeats)
   out.update({"faster_whisper.seconds": t, "faster_whisper.text": text,
               "transcripts_agree": text == out["jaxlab.text"],
               "ratio.jaxlab_over_faster_whisper": out["jaxlab.seconds"] / t})
   return out
+
+
+def _faster_whisper(model_dir: str, out: dict):
+  """faster-whisper's model on the same weights (fp32, every core), or None with the install line in `out`."""
+  try:
+    from faster_whisper import WhisperModel
+  except ImportError:
+    out["faster_whisper"] = "not installed: pip install --no-deps faster-whisper==1.2.1 ctranslate2==4.8.5 av==18.1.0"
+    return None
+  return WhisperModel(model_dir, device="cpu", compute_type="float32", cpu_threads=os.cpu_count() or 1)
+
+
+def _fw_transcribe(fw, audio) -> str:
+  """faster-whisper's greedy transcript with the settings jaxlab runs (no timestamps, VAD or conditioning)."""
+  segs, _ = fw.transcribe(audio, beam_size=1, temperature=0, without_timestamps=True, vad_filter=False,
+                          condition_on_previous_text=False, language="en")
+  return " ".join(s.text.strip() for s in segs if s.text.strip())
 
 
 def batched(model_dir: str, args) -> dict:
@@ -133,19 +141,11 @@ def batched(model_dir: str, args) -> dict:
   t, texts = _best_time(lambda: model.transcribe_batch(clips, pad="zeros", batch_size=n), args.repeats)
   out.update({"jaxlab.batched.seconds_per_clip": t / n, "jaxlab.batched_agrees": texts == one,
               "ratio.jaxlab.batched_over_one_by_one": t / n / out["jaxlab.one_by_one.seconds_per_clip"]})
-  try:
-    import ctranslate2
-    from faster_whisper import WhisperModel
-  except ImportError:
-    out["faster_whisper"] = "not installed: pip install --no-deps faster-whisper==1.2.1 ctranslate2==4.8.5 av==18.1.0"
+  fw = _faster_whisper(model_dir, out)
+  if fw is None:
     return out
-  fw = WhisperModel(model_dir, device="cpu", compute_type="float32", cpu_threads=os.cpu_count() or 1)
-
-  def faster_one_by_one():
-    return [" ".join(s.text.strip() for s in fw.transcribe(c, beam_size=1, temperature=0, without_timestamps=True,
-                                                           vad_filter=False, condition_on_previous_text=False,
-                                                           language="en")[0] if s.text.strip()) for c in clips]
-  t, fw_texts = _best_time(faster_one_by_one, args.repeats)
+  import ctranslate2  # installed with faster-whisper
+  t, fw_texts = _best_time(lambda: [_fw_transcribe(fw, c) for c in clips], args.repeats)
   out.update({"faster_whisper.one_by_one.seconds_per_clip": t / n, "faster_whisper_agrees": fw_texts == one})
   tok = model.tokens
 
@@ -164,5 +164,5 @@ def batched(model_dir: str, args) -> dict:
   return out
 
 
-registry.register_bench("asr", main, "Whisper tiny.en transcription at batch 1 or --batch N: jaxlab.audio.asr vs faster-whisper "
-                        "(same CTranslate2 weights, greedy, fp32)")
+registry.register_bench("asr", main, "Whisper tiny.en transcription at batch 1 or --batch N: jaxlab.audio.asr vs "
+                        "faster-whisper (same CTranslate2 weights, greedy, fp32)")

@@ -48,8 +48,7 @@ from jaxlab import losses
 from jaxlab.data import load_tokenizer
 from jaxlab.data.tasks import scenes as scenes_lib
 from jaxlab.models import vlm
-from jaxlab.train import metrics as metrics_lib, schedules, state as state_lib, step as step_lib
-from jaxlab.train.loop import NonFiniteError
+from jaxlab.train import loop as loop_lib, metrics as metrics_lib, schedules, state as state_lib, step as step_lib
 
 METHODS = ("sft_answer", "sft_rationale", "mind")
 
@@ -147,11 +146,9 @@ class Trainer:
       for s in range(steps):
         state, m = step(state, next(sampler))
         if not bool(m["finite"]):  # the step left the state as it was; a run that silently skips is no result
-          bad = [p for p, ok in zip(step_lib.leaf_paths(params), np.asarray(m["finite_leaves"])) if not ok]
-          msg = (f"{name}: non-finite loss or gradient at step {s + 1} (loss {float(m['loss'])}, first "
-                 f"non-finite gradient leaf {bad[0] if bad else None!r}); stopped")
+          msg, leaf = loop_lib.nonfinite_message(s + 1, jax.device_get(m), step_lib.leaf_paths(params), None)
           f.write(metrics_lib.json_line({"stage": name, "step": s, "event": "non_finite", "message": msg}))
-          raise NonFiniteError(msg, s + 1, bad[0] if bad else None)
+          raise loop_lib.NonFiniteError(f"{name}: {msg}", s + 1, leaf)
         if s % self.cfg.log_every == 0 or s == steps - 1:
           f.write(metrics_lib.json_line({"stage": name, "step": s, "loss": float(m["loss"]),
                                          "grad_norm": float(m["grad_norm"])}))

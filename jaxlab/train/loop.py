@@ -89,7 +89,8 @@ def evaluate(eval_step, params, batches: Iterable, shard_fn: Callable | None = N
   return total / weight if weight > 0 else float("nan")
 
 
-def _nonfinite_message(step: int, m: dict, paths: list[str], last_ckpt) -> tuple[str, str | None]:
+def nonfinite_message(step: int, m: dict, paths: list[str], last_ckpt) -> tuple[str, str | None]:
+  """(message, first non-finite gradient leaf) for a step whose metrics say it was not finite."""
   bad = [p for p, ok in zip(paths, np.asarray(m["finite_leaves"])) if not ok]
   leaf = bad[0] if bad else None
   loss = float(m["loss"])
@@ -172,7 +173,7 @@ def _train_loop(state, train_step, batches, num_steps, shard_fn, checkpointer, c
       m = jax.device_get(m)
       if not bool(m["finite"]):
         bar.close()
-        msg, leaf = _nonfinite_message(step, m, paths, last_ckpt)
+        msg, leaf = nonfinite_message(step, m, paths, last_ckpt)
         writer.write({"step": step, "event": "non_finite", "message": msg})
         raise NonFiniteError(msg, step, leaf)
       meter.add(float(m["weight"]))

@@ -7,7 +7,6 @@ writes the records of every iteration.
 """
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -72,14 +71,8 @@ def _worker(out_dir):
       json.dump({"history": first.history + second.history, "processes": n, "rows": rows}, f)
 
 
-def test_two_processes_run_grpo_like_one_and_resume(tmp_path):
-  env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAB_") and k != "XLA_FLAGS"}
-  env["JAXLAB_NO_PROGRESS"] = "1"
-  cmd = ["bash", os.path.join(REPO, "tpu_gpu_scripts", "launch_local.sh"), "-n", "2", "-d", "2", "-l",
-         str(tmp_path / "logs"), "--", sys.executable, os.path.abspath(__file__), "--worker", str(tmp_path)]
-  proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
-  logs = "".join(open(p).read()[-3000:] for p in sorted((tmp_path / "logs").glob("*.log")))
-  assert proc.returncode == 0, proc.stderr[-3000:] + logs
+def test_two_processes_run_grpo_like_one_and_resume(tmp_path, launch_two_workers):
+  launch_two_workers(__file__)
   got = json.loads((tmp_path / "history.json").read_text())
   assert got["processes"] == 2 and [r["step"] for r in got["history"]] == [1, 2, 3, 4]
   assert got["rows"] == [8] * 8  # P * G rows per update, 2 updates per iteration: each process feeds half

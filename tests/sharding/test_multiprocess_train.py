@@ -72,14 +72,8 @@ def _worker(out_dir):
       json.dump({"losses": losses, "processes": n, "devices": jax.device_count()}, f)
 
 
-def test_two_processes_train_like_one(tmp_path):
-  env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAB_") and k != "XLA_FLAGS"}
-  env["JAXLAB_NO_PROGRESS"] = "1"
-  cmd = ["bash", os.path.join(REPO, "tpu_gpu_scripts", "launch_local.sh"), "-n", "2", "-d", "2", "-l",
-         str(tmp_path / "logs"), "--", sys.executable, os.path.abspath(__file__), "--worker", str(tmp_path)]
-  proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=400)
-  logs = "".join(open(p).read()[-3000:] for p in sorted((tmp_path / "logs").glob("*.log")))
-  assert proc.returncode == 0, proc.stderr[-3000:] + logs
+def test_two_processes_train_like_one(tmp_path, launch_two_workers):
+  launch_two_workers(__file__)
   got = json.loads((tmp_path / "losses.json").read_text())
   assert got["processes"] == 2 and got["devices"] == 4
 
