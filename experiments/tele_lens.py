@@ -1,9 +1,12 @@
 """Tele-Lens (arXiv 2602.02103): how far ahead a chat LM's hidden states plan its chain of thought.
 
-The LM (SmolLM2-135M-Instruct by default) reads a chat-formatted question from `jaxlab.data.tasks.reasoning`
-(Parity, Cycle, Subsum) and, teacher-forced, the task's templated CoT, "\nAnswer:" and the answer. At every CoT
-position of every probed layer the hidden state is extracted once (cached under the run directory) and
-probes of `jaxlab.interp.probes` are trained on the first half of the examples and scored on the second:
+The LM (SmolLM2-135M-Instruct by default) answers chat-formatted questions: Parity, Cycle, Subsum
+(`jaxlab.data.tasks.reasoning`) and reasoning-gym's syllogism and ransom_note. With `cot="model"` it writes its
+own CoTs, one greedy and `sampled_cots` sampled at `temperature` per question, cut where it starts to state the
+answer ("Answer:", "the answer is"); with `cot="template"` it reads the task's templated CoT. Every CoT is then
+followed by "\nAnswer:" and the gold one-token answer, and at every CoT position of every probed layer the hidden
+state is extracted once (cached under the run directory); probes of `jaxlab.interp.probes` are trained on the
+CoTs of the first half of the questions and scored on the second:
   horizon       top-5 accuracy of the token probe for delta = 1..8 tokens ahead (inside the CoT);
   final answer  accuracy of the answer probe (over the answer words of all tasks) at every CoT position;
   uncertainty   the LM's own answer after the CoT (its argmax over the task's answer words) is right or wrong;
@@ -12,9 +15,11 @@ probes of `jaxlab.interp.probes` are trained on the first half of the examples a
                 top-k-highest-entropy baseline), the LM's self-certainty over the CoT, minus the CoT's
                 perplexity; AUROC of each;
   CoT bypass    where the answer probe's normalized entropy falls below `bypass_threshold` within the first
-                `bypass_window` CoT positions, the probe's answer replaces the CoT's; rate and accuracy change.
-The CoT is the task's template rather than the model's own sampling (a 135M model's CoTs rarely finish), so
-what is probed is how far the model's states anticipate a CoT it reads.
+                `bypass_window` CoT positions, the probe's answer replaces the CoT's; rate and accuracy change;
+  full vocab    the token probe read out through the whole LM head rather than the CoTs' vocabulary subset, on
+                `full_vocab_positions` test positions at `uncertainty_layer` (how much the subset eases top-5).
+A model's CoTs are planned by the model itself, so the horizon measures how far its states anticipate its own
+words; a template's are fixed text it reads, far more predictable (the template preset shows the contrast).
 
   python -m experiments run tele_lens --preset smoke
   python -m experiments run tele_lens --preset cpu
@@ -24,27 +29,37 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from experiments import registry
-from experiments._shared.chat_models import chat_ids, load_chat_model
+from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
 from experiments.runner.claims import Claim
 from jaxlab.data.tasks import reasoning
+from jaxlab.generate import sample
 from jaxlab.interp import probes
 from jaxlab.models import transformer as tfm
 
 INSTRUCTION = " Think step by step, then give the answer."
+# where a model's CoT turns into stating its answer: "Answer:", "**Final answer**:", "the answer is"
+ANSWER_RE = re.compile(r"(?i)\**\s*(?:the\s+)?(?:final\s+)?answer\**\s*(?::|is\b)")
+COTS = ("template", "model")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   """tele_lens settings: `examples` per task (half train the probes), probed `layers` (HF convention)."""
   model: str = "smollm2-135m-instruct"
-  tasks: tuple[str, ...] = ("parity", "cycle", "subsum")
-  examples: int = 48
+  tasks: tuple[str, ...] = ("parity", "cycle", "subsum", "syllogism", "ransom_note")
+  examples: int = 32
+  cot: str = "model"
+  sampled_cots: int = 1
+  temperature: float = 0.7
+  max_cot_tokens: int = 96
+  generate_batch: int = 16
   layers: tuple[int, ...] = (6, 15, 24, 30)
   uncertainty_layer: int = 15
   horizon: int = 8
@@ -56,12 +71,21 @@ class Config:
   pivot_k: int = 5
   bypass_threshold: float = 0.1
   bypass_window: int = 4
+  full_vocab_positions: int = 4096
   seed: int = 0
 
   def __post_init__(self):
-    unknown = [t for t in self.tasks if t not in reasoning.TASKS]
-    if not self.tasks or unknown:
-      raise ValueError(f"tasks must be names from {sorted(reasoning.TASKS)}, found {self.tasks}")
+    known = sorted(reasoning.TASKS) + sorted(reasoning.GYM_TASKS)
+    if not self.tasks or any(t not in known for t in self.tasks):
+      raise ValueError(f"tasks must be names from {known}, found {self.tasks}")
+    if self.cot not in COTS:
+      raise ValueError(f"cot must be one of {COTS}, found {self.cot!r}")
+    if self.cot == "template" and any(t in reasoning.GYM_TASKS for t in self.tasks):
+      raise ValueError(f"cot='template' needs tasks with a templated CoT {sorted(reasoning.TASKS)}, "
+                       f"found {self.tasks}")
+    if self.sampled_cots < 0 or self.temperature <= 0 or self.max_cot_tokens < 1 or self.generate_batch < 1:
+      raise ValueError(f"expected sampled_cots >= 0, temperature > 0, max_cot_tokens >= 1, generate_batch >= 1; "
+                       f"found {self.sampled_cots}, {self.temperature}, {self.max_cot_tokens}, {self.generate_batch}")
     if self.examples < 4:
       raise ValueError(f"examples must be >= 4 per task (half train the probes), found {self.examples}")
     if not self.layers or list(self.layers) != sorted(set(self.layers)) or self.layers[0] < 0:
@@ -71,29 +95,91 @@ class Config:
 
 
 PRESETS = {
-    "smoke": Config(tasks=("parity",), examples=6, layers=(4, 15), uncertainty_layer=15, rank=32, alpha=32.0,
-                    learning_rate=3e-3, epochs=2),
+    "smoke": Config(tasks=("parity", "syllogism"), examples=4, layers=(4, 15), uncertainty_layer=15, rank=32,
+                    alpha=32.0, learning_rate=3e-3, epochs=2, max_cot_tokens=24),
     "cpu": Config(),
-    "full": Config(examples=400, epochs=20),
+    "template": Config(tasks=("parity", "cycle", "subsum"), examples=48, cot="template"),
+    "full": Config(examples=400, epochs=20, sampled_cots=3, max_cot_tokens=256),
 }
 
 
-def build(cfg: Config, tok) -> list[dict]:
-  """Examples with token ids: prompt, CoT, "\nAnswer:" and the one-token answer, and where each part starts."""
+def questions(cfg: Config) -> list[reasoning.Example]:
+  """`examples` problems per task, balanced over the task's answers, deterministic in `seed`."""
+  return [ex for task in cfg.tasks for ex in (reasoning.generate(task, cfg.examples, seed=cfg.seed)
+                                              if task in reasoning.TASKS else
+                                              reasoning.from_gym(task, cfg.examples, seed=cfg.seed))]
+
+
+def prompt_ids(tok, ex: reasoning.Example) -> list[int]:
+  return chat_ids(tok, ex.prompt + INSTRUCTION)
+
+
+def split_cot(text: str, answers) -> tuple[str, str | None]:
+  """(the CoT before the model states its answer, the first of `answers` it states after, or None)."""
+  m = ANSWER_RE.search(text)
+  if m is None:
+    return text.strip(), None
+  said = re.search(r"(?i)\b(" + "|".join(map(re.escape, answers)) + r")\b", text[m.end():])
+  return text[:m.start()].strip(), (next(a for a in answers if a.lower() == said.group(1).lower()) if said else None)
+
+
+def model_cots(cfg: Config, params, mcfg: tfm.Config, tok, exs) -> list[list[dict]]:
+  """Per question: the model's greedy CoT, then `sampled_cots` sampled ones, each {"kind", "text" (the generation),
+  "cot" (cut before the stated answer), "stated" (that answer or None)}; every batch has the same shape (rows
+  padded with the last prompt, prompts left-padded to the longest), so each decoding mode compiles once."""
+  prompts = [prompt_ids(tok, ex) for ex in exs]
+  width = max(len(p) for p in prompts)
+  stops = stop_tokens(mcfg, tok)
+  kinds = [("greedy", 0.0)] + [("sampled", cfg.temperature)] * cfg.sampled_cots
+  out = [[] for _ in exs]
+  key = jax.random.key(cfg.seed)
+  for j, (kind, temp) in enumerate(kinds):
+    for i in range(0, len(prompts), cfg.generate_batch):
+      part = prompts[i:i + cfg.generate_batch]
+      part = part + [part[-1]] * (cfg.generate_batch - len(part))
+      toks = np.full((len(part), width), tok.batch_pad_id, np.int32)
+      mask = np.zeros((len(part), width), np.int32)
+      for b, p in enumerate(part):
+        toks[b, width - len(p):], mask[b, width - len(p):] = p, 1
+      res = sample(params, mcfg, toks, cfg.max_cot_tokens, prompt_mask=mask, temperature=temp,
+                   key=jax.random.fold_in(key, j * 100003 + i), stop_tokens=stops, pad_id=tok.batch_pad_id)
+      new, lengths = np.asarray(res.tokens), np.asarray(res.lengths)
+      for b in range(min(cfg.generate_batch, len(prompts) - i)):
+        ex = exs[i + b]
+        text = tok.decode([int(t) for t in new[b, :lengths[b]] if int(t) not in stops])
+        cot, stated = split_cot(text, _answers(ex.task))
+        out[i + b].append({"kind": kind, "text": text, "cot": cot, "stated": stated})
+  return out
+
+
+def _answers(task: str) -> tuple[str, ...]:
+  return reasoning.TASKS[task].answers if task in reasoning.TASKS else reasoning.GYM_TASKS[task]
+
+
+def build(cfg: Config, tok, cots: list[list[dict]] | None = None) -> list[dict]:
+  """Rows with token ids: prompt, CoT, "\nAnswer:" and the one-token gold answer, and where each part starts;
+  one row per non-empty CoT (the template's, or each of `cots[q]`, the model's CoTs of question q)."""
+  exs = questions(cfg)
+  if (cfg.cot == "model") != (cots is not None) or (cots is not None and len(cots) != len(exs)):
+    raise ValueError(f"cot={cfg.cot!r} needs {'one list of CoTs per question' if cfg.cot == 'model' else 'no cots'}"
+                     f" ({len(exs)} questions), found {None if cots is None else len(cots)}")
   rows = []
-  for task in cfg.tasks:
-    for i, ex in enumerate(reasoning.generate(task, cfg.examples, seed=cfg.seed)):
-      prompt = chat_ids(tok, ex.prompt + INSTRUCTION)
-      cot = tok.encode(ex.cot)
-      slot = tok.encode("\nAnswer:")
-      ans = tok.encode(" " + ex.answer)
-      if len(ans) != 1:
-        raise ValueError(f"answer {ex.answer!r} is {len(ans)} tokens; the answer probe reads one token")
+  for q, ex in enumerate(exs):
+    prompt = prompt_ids(tok, ex)
+    slot = tok.encode("\nAnswer:")
+    ans = tok.encode(" " + ex.answer)
+    if len(ans) != 1:
+      raise ValueError(f"answer {ex.answer!r} is {len(ans)} tokens; the answer probe reads one token")
+    choices = sorted({tok.encode(" " + a)[0] for a in _answers(ex.task)})
+    for c in ([{"kind": "template", "cot": ex.cot, "stated": None}] if cots is None else cots[q]):
+      if not c["cot"]:
+        continue  # answered at once: no CoT to probe
+      cot = tok.encode(c["cot"])
       ids = prompt + cot + slot + ans
-      choices = sorted({tok.encode(" " + a)[0] for a in reasoning.TASKS[task].answers})
-      rows.append({"task": task, "split": "train" if i < cfg.examples // 2 else "test", "ids": ids,
-                   "cot_start": len(prompt), "cot_end": len(prompt) + len(cot), "slot": len(ids) - 2,
-                   "answer": ans[0], "choices": choices})
+      rows.append({"task": ex.task, "question": q, "kind": c["kind"], "stated": c["stated"],
+                   "gold": ex.answer, "split": "train" if q % cfg.examples < cfg.examples // 2 else "test",
+                   "ids": ids, "cot_start": len(prompt), "cot_end": len(prompt) + len(cot),
+                   "slot": len(ids) - 2, "answer": ans[0], "choices": choices})
   return rows
 
 
@@ -124,10 +210,23 @@ def _lm_readouts(params, mcfg: tfm.Config, rows, answer_ids, batch: int = 8):
   return out
 
 
+def cached_cots(cfg: Config, out_dir: str, params, mcfg: tfm.Config, tok) -> list[list[dict]]:
+  """`model_cots`, read from out_dir/cots.json when a run of this config wrote it, else generated and written."""
+  path = os.path.join(out_dir, "cots.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  cots = model_cots(cfg, params, mcfg, tok, questions(cfg))
+  with open(path + ".tmp", "w") as f:
+    json.dump(cots, f, indent=1)
+  os.replace(path + ".tmp", path)
+  return cots
+
+
 def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, model_name: str) -> dict:
-  rows = build(cfg, tok)
   if cfg.layers[-1] > mcfg.n_layers:
     raise ValueError(f"layers must be <= the model's {mcfg.n_layers} layers, found {cfg.layers}")
+  rows = build(cfg, tok, cached_cots(cfg, out_dir, params, mcfg, tok) if cfg.cot == "model" else None)
   seqs = [r["ids"] for r in rows]
   # CoT positions: from the token before the CoT (it predicts the CoT's first token) to the last CoT token
   pos = np.array([(i, t) for i, r in enumerate(rows) for t in range(r["cot_start"] - 1, r["cot_end"])])
@@ -152,6 +251,8 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
     top5 = probes.topk_accuracy(probes.predict(p, pc, h[~train], head_tokens), y_tokens[~train], k=5)
     for d in range(1, cfg.horizon + 1):
       res[f"horizon.top5.layer{layer}.d{d}"] = float(top5[d - 1])
+    if cfg.full_vocab_positions and layer == cfg.uncertainty_layer:
+      res.update(_full_vocab_check(cfg, p, pc, params, h, ~train, tok_targets, y_tokens, head_tokens, layer))
     pa = base.replace(kind="answer")
     p, losses_a = probes.train(pa, h[train], y_answer[train], head_DV=head_answer, epochs=cfg.epochs,
                                batch_size=cfg.batch_size, seed=cfg.seed)
@@ -195,6 +296,10 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
   res["bypass.rate"] = float(np.mean(bypassed))
   res["bypass.accuracy_change"] = float(np.mean(bypass_right) - np.mean(correct))
   res["lm_answer_acc"] = float(np.mean(correct))
+  res["cot.mean_tokens"] = float(np.mean([r["cot_end"] - r["cot_start"] for r in rows]))
+  stated = [r for r in rows if r["stated"] is not None]
+  res["cot.stated_rate"] = len(stated) / len(rows) if cfg.cot == "model" else float("nan")
+  res["cot.stated_acc"] = float(np.mean([r["stated"] == r["gold"] for r in stated])) if stated else float("nan")
   res["positions"], res["vocab_subset"] = int(len(pos)), int(len(vocab))
   ds = list(range(1, cfg.horizon + 1))
   registry.plot_curves(os.path.join(out_dir, "horizon.png"),
@@ -202,6 +307,21 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
                        title="tele_lens: probe top-5 accuracy by distance ahead", xlabel="delta (tokens ahead)",
                        ylabel="top-5 accuracy")
   return res
+
+
+def _full_vocab_check(cfg: Config, p, pc, params, h, test, tok_targets, y_tokens, head_tokens, layer) -> dict:
+  """The token probe (trained on the CoTs' vocabulary subset) read out through the whole LM head, on up to
+  `full_vocab_positions` evenly spaced test positions, beside its subset top-5 on the same positions: how much the
+  subset makes top-5 easier."""
+  at = np.flatnonzero(test)
+  at = at[np.unique(np.linspace(0, len(at) - 1, min(cfg.full_vocab_positions, len(at))).astype(int))]
+  full = probes.topk_accuracy(None, tok_targets[at], 5,
+                              top_ids=probes.predict(p, pc, h[at], probes.lm_head(params), top_k=5))
+  sub = probes.topk_accuracy(probes.predict(p, pc, h[at], head_tokens), y_tokens[at], 5)
+  out = {"full_vocab.layer": layer, "full_vocab.positions": int(len(at))}
+  for d in range(1, cfg.horizon + 1):
+    out[f"full_vocab.top5.d{d}"], out[f"full_vocab.subset_top5.d{d}"] = float(full[d - 1]), float(sub[d - 1])
+  return out
 
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
@@ -212,7 +332,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 
 registry.register(registry.Experiment(
     name="tele_lens", config_cls=Config, presets=PRESETS, run=run,
-    description="Tele-Lens probes of SmolLM2 on Parity/Cycle/Subsum CoTs: horizon, final answer, pivot AUROC, bypass",
+    description="Tele-Lens probes of SmolLM2 on its own CoTs (Parity/Cycle/Subsum, reasoning-gym): horizon, final "
+                "answer, pivot AUROC, bypass",
     paper="tele_lens", claims=(
         Claim("myopic", "probes predict the next token far better than the token 8 ahead (myopic horizon)",
               "top-5 accuracy falls steeply with the distance ahead",

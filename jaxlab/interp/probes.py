@@ -332,26 +332,31 @@ def train(cfg: Config, h_ND, y, *, head_DV=None, epochs: int = 10, batch_size: i
 # ------------------------------------------------------------------------------------------ evaluation
 
 @functools.lru_cache(maxsize=32)
-def _predict_fn(cfg: Config):
-  return jax.jit(lambda p, h, head: forward(p, cfg, h, head))
+def _predict_fn(cfg: Config, top_k: int | None):
+  if top_k is None:
+    return jax.jit(lambda p, h, head: forward(p, cfg, h, head))
+  return jax.jit(lambda p, h, head: jax.lax.top_k(forward(p, cfg, h, head), top_k)[1])
 
 
-def predict(params, cfg: Config, h_ND, head_DV=None, batch_size: int = 256) -> np.ndarray:
-  """`forward` over all rows in fixed-shape batches (NumPy float32)."""
+def predict(params, cfg: Config, h_ND, head_DV=None, batch_size: int = 256, top_k: int | None = None) -> np.ndarray:
+  """`forward` over all rows in fixed-shape batches (NumPy float32); with `top_k`, only the ids of each row's
+  k largest logits [N, (M,) k] (largest first, the lower id first on ties), so a full-vocabulary read-out never
+  leaves the device."""
   h_ND = np.asarray(h_ND, np.float32)
   out = []
   for i in range(0, len(h_ND), batch_size):
     part = h_ND[i:i + batch_size]
     padded = np.concatenate([part, np.zeros((batch_size - len(part), h_ND.shape[1]), np.float32)])
-    out.append(np.asarray(_predict_fn(cfg)(params, jnp.asarray(padded), head_DV))[:len(part)])
+    out.append(np.asarray(_predict_fn(cfg, top_k)(params, jnp.asarray(padded), head_DV))[:len(part)])
   return np.concatenate(out)
 
 
-def topk_accuracy(logits, targets, k: int = 5) -> np.ndarray:
-  """Mean over valid rows of target-in-top-k, per trailing target axis: logits [N, (M,) V], targets [N, (M,)];
-  NaN where a column has no valid target. Ties rank the lower id first."""
-  logits, targets = np.asarray(logits), np.asarray(targets)
-  top = np.argsort(-logits, axis=-1, kind="stable")[..., :k]
+def topk_accuracy(logits, targets, k: int = 5, *, top_ids=None) -> np.ndarray:
+  """Mean over valid rows of target-in-top-k, per trailing target axis: logits [N, (M,) V] (or `top_ids`
+  [N, (M,) k] from `predict(..., top_k=k)`, logits None), targets [N, (M,)]; NaN where a column has no valid
+  target. Ties rank the lower id first."""
+  targets = np.asarray(targets)
+  top = np.asarray(top_ids) if top_ids is not None else np.argsort(-np.asarray(logits), -1, kind="stable")[..., :k]
   hit = (top == targets[..., None]).any(-1)
   valid = targets != IGNORE
   with np.errstate(invalid="ignore", divide="ignore"):

@@ -1,7 +1,7 @@
 """Reasoning tasks (jaxlab.data.tasks.reasoning): answers and every CoT step against independent oracles.
 
 Oracles: the bit count (Parity), networkx's forest test and connected components (Cycle), enumeration of all
-subsets (Subsum); the prompt is parsed back into the problem.
+subsets (Subsum); the prompt is parsed back into the problem; reasoning-gym's own scorer for its problems.
 """
 import itertools
 import re
@@ -87,3 +87,19 @@ def test_bad_arguments_fail_clearly():
   with pytest.raises(ValueError, match="no problem with answer 'no'"):
     rs.generate(rs.Subsum(min_numbers=1, max_numbers=1, max_value=1), 2, max_tries=50)
   np.testing.assert_equal(len(rs.generate("cycle", 0)), 0)
+
+
+@pytest.mark.parametrize("name", sorted(rs.GYM_TASKS))
+def test_gym_problems_are_balanced_seeded_and_scored_right_by_the_gym(name):
+  import reasoning_gym
+  exs = rs.from_gym(name, 10, seed=3)
+  assert [e.answer for e in exs] == [rs.GYM_TASKS[name][i % 2] for i in range(10)]
+  assert exs == rs.from_gym(name, 10, seed=3) and exs != rs.from_gym(name, 10, seed=4)
+  data = reasoning_gym.create_dataset(name, size=1, seed=0)  # the scorer reads only the entry it is given
+  for e in exs:
+    entry, = e.problem
+    assert e.steps == () and e.prompt == entry["question"].strip() and e.task == name
+    assert data.score_answer(e.answer, entry) == 1.0
+    assert data.score_answer(next(a for a in rs.GYM_TASKS[name] if a != e.answer), entry) == 0.0
+  with pytest.raises(ValueError, match="unknown reasoning-gym task 'sudoku'"):
+    rs.from_gym("sudoku", 2)

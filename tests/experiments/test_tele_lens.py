@@ -1,6 +1,9 @@
 """experiments/tele_lens.py end to end on a tiny random LM with a word-level tokenizer: every results key the
-claims name is written, the token layout matches the task's text, features are cached per layer; the smoke preset
-on the real SmolLM2 (slow)."""
+claims name is written, the token layout matches the task's text, features are cached per layer; the model's own
+CoTs (batched, padded generation) equal a token-by-token greedy decode without a cache; the smoke preset on the
+real SmolLM2 (slow)."""
+import dataclasses
+import json
 import math
 import os
 import re
@@ -16,10 +19,15 @@ from jaxlab.models import transformer as tfm
 
 
 class WordTokenizer:
-  """Each space-led word or newline is one token (ids assigned on first sight, capped by `size`)."""
+  """Each space-led word or newline is one token (ids assigned on first sight, capped by `size`); 0 pads, 1 ends."""
+  eos_id = batch_pad_id = 1
 
   def __init__(self, size):
-    self.size, self.ids = size, {}
+    self.size, self.ids = size, {"<pad>": 0, "<eos>": 1}
+
+  def decode(self, ids):
+    words = {i: w for w, i in self.ids.items()}
+    return "".join(words.get(i, f" w{i}") for i in ids)
 
   def encode(self, text):
     out = []
@@ -36,8 +44,8 @@ class WordTokenizer:
     return self.encode(text + (" <assistant>" if add_generation_prompt else ""))
 
 
-CFG = exp.Config(examples=6, layers=(0, 2), uncertainty_layer=2, rank=8, alpha=8.0, learning_rate=1e-2,
-                 epochs=2, batch_size=64)
+CFG = exp.Config(tasks=("parity", "cycle", "subsum"), examples=6, cot="template", layers=(0, 2), uncertainty_layer=2,
+                 rank=8, alpha=8.0, learning_rate=1e-2, epochs=2, batch_size=64)
 
 
 def test_runs_on_a_tiny_model_and_writes_every_claimed_key(tmp_path):
@@ -53,7 +61,8 @@ def test_runs_on_a_tiny_model_and_writes_every_claimed_key(tmp_path):
   claimed = {k for c in registry.get("tele_lens").claims for k in c.keys}
   wanted = {f"horizon.top5.layer{l}.d{d}" for l in CFG.layers for d in range(1, 9)}
   wanted |= {f"final_answer_acc.layer{l}" for l in CFG.layers} | claimed
-  wanted |= {"auroc.pivot", "auroc.topk_highest", "auroc.self_certainty", "auroc.perplexity", "bypass.rate", "bypass.accuracy_change"}
+  wanted |= {"auroc.pivot", "auroc.topk_highest", "auroc.self_certainty", "auroc.perplexity", "bypass.rate",
+             "bypass.accuracy_change"}
   assert wanted <= set(res)
   for k in wanted - {"bypass.accuracy_change"}:
     assert math.isnan(res[k]) or 0.0 <= res[k] <= 1.0, (k, res[k])
@@ -61,6 +70,50 @@ def test_runs_on_a_tiny_model_and_writes_every_claimed_key(tmp_path):
   cached = os.listdir(tmp_path / "features")
   assert len(cached) == len(CFG.layers) and all(f.startswith("tiny-random-layer") for f in cached)
   assert (tmp_path / "horizon.png").exists() and (tmp_path / "metrics.jsonl").exists()
+
+
+def _greedy_without_cache(params, mcfg, ids, n, stops):
+  ids = list(ids)
+  for _ in range(n):
+    nxt = int(np.argmax(tfm.forward(params, np.asarray([ids], np.int32), mcfg).logits[0, -1]))
+    if nxt in stops:
+      break
+    ids.append(nxt)
+  return ids
+
+
+def test_model_cots_equal_an_uncached_greedy_decode_and_feed_the_probes(tmp_path):
+  tok = WordTokenizer(1000)
+  mcfg = tfm.Config.tiny(vocab_size=1000, n_layers=2, d_ff=64, tie_embeddings=True)
+  params = tfm.init(mcfg, jax.random.key(0))
+  cfg = dataclasses.replace(CFG, tasks=("parity", "syllogism"), cot="model", sampled_cots=1, max_cot_tokens=5,
+                            generate_batch=4)
+  res = exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, "tiny-random")
+  cots = json.loads((tmp_path / "cots.json").read_text())
+  exs = exp.questions(cfg)
+  assert len(cots) == len(exs) == 12 and all([c["kind"] for c in q] == ["greedy", "sampled"] for q in cots)
+  for q in (0, 5, 11):  # first batch, a middle one, the padded last one
+    prompt = exp.prompt_ids(tok, exs[q])
+    want = _greedy_without_cache(params, mcfg, prompt, cfg.max_cot_tokens, {tok.eos_id})
+    assert cots[q][0]["text"] == tok.decode(want[len(prompt):])
+  assert any(c[0]["text"] != c[1]["text"] for c in cots)  # sampling at temperature 0.7 differs somewhere
+  rows = exp.build(cfg, tok, cots)
+  assert {r["kind"] for r in rows} <= {"greedy", "sampled"} and res["positions"] > len(rows)
+  r = rows[0]
+  assert r["ids"][r["cot_start"]:r["cot_end"]] == tok.encode(next(c for c in cots[r["question"]])["cot"])
+  assert 0.0 <= res["horizon.top5.layer2.d1"] <= 1.0
+  assert math.isnan(res["auroc.pivot"]) or 0 <= res["auroc.pivot"] <= 1
+  assert res["full_vocab.layer"] == 2 and 0 < res["full_vocab.positions"] and 0 <= res["full_vocab.top5.d1"] <= 1
+  res2 = exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, "tiny-random")  # CoTs and features cached
+  assert res2["horizon.top5.layer2.d1"] == res["horizon.top5.layer2.d1"]
+
+
+def test_split_cot_cuts_where_the_answer_is_stated():
+  answers = ("Yes", "No")
+  assert exp.split_cot("Both premises hold.\n**Final Answer:** no", answers) == ("Both premises hold.", "No")
+  assert exp.split_cot("So the answer is yes.", answers) == ("So", "Yes")
+  assert exp.split_cot("To find the answer, we count.", answers) == ("To find the answer, we count.", None)
+  assert exp.split_cot("Answer: maybe", answers) == ("", None)
 
 
 def test_registered_with_presets_and_claims():

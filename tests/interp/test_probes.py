@@ -112,6 +112,20 @@ def test_targets_and_subsets():
     probes.token_targets(seqs, [(1, 2)], horizon=2)
 
 
+def test_predict_top_k_ids_equal_a_sort_of_the_full_logits():
+  cfg = probes.Config(d_model=16, rank=8, kind="tokens", horizon=3)
+  p = probes.init(cfg, jax.random.key(1))
+  rng = np.random.default_rng(2)
+  h, head = rng.normal(size=(70, 16)).astype(np.float32), rng.normal(size=(16, 300)).astype(np.float32)
+  logits = probes.predict(p, cfg, h, head, batch_size=32)
+  top = probes.predict(p, cfg, h, head, batch_size=32, top_k=5)
+  assert top.shape == (70, 3, 5)
+  np.testing.assert_array_equal(top, np.argsort(-logits, -1, kind="stable")[..., :5])
+  targets = np.where(rng.random((70, 3)) < 0.3, top[..., 2], rng.integers(-1, 300, (70, 3)))
+  np.testing.assert_array_equal(probes.topk_accuracy(None, targets, 5, top_ids=top),
+                                probes.topk_accuracy(logits, targets, 5))
+
+
 def test_topk_entropies_and_readouts_against_numpy():
   rng = np.random.default_rng(4)
   logits = rng.normal(size=(40, 3, 11)).astype(np.float32)

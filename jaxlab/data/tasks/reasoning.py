@@ -12,6 +12,8 @@ Each task draws a problem from a `numpy.random.Generator`, states it as a questi
 Cycle runs union-find over the edges in the order given and stops at the first edge whose ends are already
 connected; Subsum tracks the reachable sums up to the target and stops once the target is reached.
 `generate(task, n, seed)` is deterministic in the seed and, with `balanced`, cycles through the task's answers.
+`from_gym(name, n, seed)` draws reasoning-gym problems whose answer is one word of a fixed set (GYM_TASKS), with
+the gym's answer and no templated CoT (`steps` is empty: a model writes its own).
 """
 from __future__ import annotations
 
@@ -181,3 +183,36 @@ def generate(task: str | Parity | Cycle | Subsum, n: int, seed: int = 0, *, bala
       raise ValueError(f"{task.name}: no problem with answer {want!r} in {max_tries} draws; widen the task's ranges")
     out.append(ex)
   return out
+
+
+# reasoning-gym datasets whose every answer is one of a few words
+GYM_TASKS = {"syllogism": ("Yes", "No"), "ransom_note": ("True", "False")}
+
+
+def from_gym(name: str, n: int, seed: int = 0, *, balanced: bool = True) -> list[Example]:
+  """n problems of the reasoning-gym dataset `name` (a key of GYM_TASKS), deterministic in `seed`; with `balanced`
+  example i has answer `GYM_TASKS[name][i % 2]` (the gym's stream is read on until each answer has its share).
+  `problem` holds the gym's entry, so `dataset.score_answer(answer, entry)` checks an answer."""
+  import reasoning_gym  # a core dependency, imported where it is used
+  if name not in GYM_TASKS:
+    raise ValueError(f"unknown reasoning-gym task {name!r}; expected one of {sorted(GYM_TASKS)}")
+  answers = GYM_TASKS[name]
+  size = 4 * n + 16 if balanced else n
+  data = reasoning_gym.create_dataset(name, size=size, seed=seed)
+  pools = {a: [] for a in answers}
+  ordered = []
+  for i in range(size):
+    entry = data[i]
+    if entry["answer"] not in pools:
+      raise ValueError(f"{name}: answer {entry['answer']!r} is not one of {answers}")
+    pools[entry["answer"]].append(entry)
+    ordered.append(entry)
+  if balanced:
+    want = [answers[i % len(answers)] for i in range(n)]
+    short = [a for a in answers if want.count(a) > len(pools[a])]
+    if short:
+      raise ValueError(f"{name}: fewer than {n // len(answers)} problems with answer {short[0]!r} in {size} draws")
+    picked = [pools[a].pop(0) for a in want]
+  else:
+    picked = ordered[:n]
+  return [Example(name, e["question"].strip(), (), e["answer"], (e,)) for e in picked]
