@@ -19,10 +19,11 @@ CoTs of the first half of the questions and scored on the second:
   full vocab    the token probe read out through the whole LM head rather than the CoTs' vocabulary subset, on
                 `full_vocab_positions` test positions at `uncertainty_layer` (how much the subset eases top-5).
 A model's CoTs are planned by the model itself, so the horizon measures how far its states anticipate its own
-words; a template's are fixed text it reads, far more predictable (the template preset shows the contrast).
+words; a template's are fixed text it reads, far more predictable (the last command below shows the contrast).
 
   python -m experiments run tele_lens --preset smoke
   python -m experiments run tele_lens --preset cpu
+  python -m experiments run tele_lens --preset cpu --set cot=template --set tasks=parity,cycle,subsum --set examples=48
 """
 from __future__ import annotations
 
@@ -98,7 +99,6 @@ PRESETS = {
     "smoke": Config(tasks=("parity", "syllogism"), examples=4, layers=(4, 15), uncertainty_layer=15, rank=32,
                     alpha=32.0, learning_rate=3e-3, epochs=2, max_cot_tokens=24),
     "cpu": Config(),
-    "template": Config(tasks=("parity", "cycle", "subsum"), examples=48, cot="template"),
     "full": Config(examples=400, epochs=20, sampled_cots=3, max_cot_tokens=256),
 }
 
