@@ -199,7 +199,7 @@ class PRM:
     if len(sep) != 1:
       raise ValueError(f"separator {cfg.separator!r} must be one token of the PRM's tokenizer, found ids {sep}")
     self.sep = sep[0]
-    self._hidden = jax.jit(lambda t, m: heads.hidden_states(self.lm, self.lm_cfg, t, m))
+    self._hidden = jax.jit(lambda p, t, m: heads.hidden_states(p, self.lm_cfg, t, m))  # weights as an argument
 
   def encode(self, prompt: str, steps) -> tuple[list[int], list[int], int]:
     return encode(self.tok, self.sep, prompt, steps)
@@ -210,7 +210,7 @@ class PRM:
       tb, mb = toks[i:i + batch], mask[i:i + batch]
       pad = batch - len(tb)
       tb, mb = np.pad(tb, ((0, pad), (0, 0))), np.pad(mb, ((0, pad), (0, 0)), constant_values=1)
-      out.append(np.asarray(self._hidden(jnp.asarray(tb), jnp.asarray(mb)))[:batch - pad])
+      out.append(np.asarray(self._hidden(self.lm, jnp.asarray(tb), jnp.asarray(mb)))[:batch - pad])
     return np.concatenate(out)
 
   def step_rewards(self, hidden_NTD):

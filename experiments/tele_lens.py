@@ -189,7 +189,7 @@ def _lm_readouts(params, mcfg: tfm.Config, rows, answer_ids, batch: int = 8):
   answer_ids = jnp.asarray(answer_ids, jnp.int32)
 
   @jax.jit
-  def fn(tokens_BT, mask_BT):
+  def fn(params, tokens_BT, mask_BT):  # weights as an argument, not constants folded into the program
     logits = tfm.forward(params, tokens_BT, mcfg, attention_mask_BT=mask_BT).logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(logits, -1)
     sc = -jnp.mean(logp, -1) - jnp.log(logp.shape[-1])
@@ -204,7 +204,7 @@ def _lm_readouts(params, mcfg: tfm.Config, rows, answer_ids, batch: int = 8):
     mask = np.zeros((batch, t), np.int32)
     for b, r in enumerate(part):
       tok[b, :len(r["ids"])], mask[b, :len(r["ids"])] = r["ids"], 1
-    sc, nxt, ans = (np.asarray(x) for x in fn(tok, mask))
+    sc, nxt, ans = (np.asarray(x) for x in fn(params, tok, mask))
     for b, r in enumerate(part):
       out.append({"sc": sc[b], "next_logprob": nxt[b], "answer_logits": ans[b, r["slot"]]})
   return out
