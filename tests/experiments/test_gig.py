@@ -1,6 +1,7 @@
 """GiG planner pieces: memory retrieval against a brute-force nearest neighbour and the threshold, loop warnings on
 a revisited kitchen state, and the bounded lookahead against pyperplan's breadth-first search (dead ends have no
-plan; the steps to the goal equal the shortest plan's)."""
+plan; the steps to the goal equal the shortest plan's); the LLM planner's letter choice against a plain forward, and
+the agents' episodes with scripted choosers (memory replays take no LLM call, lookahead never offers a dead end)."""
 import os
 
 import jax
@@ -152,9 +153,133 @@ def test_shortest_plan_is_as_short_as_pyperplans_and_succeeds(seed, recipe, tmp_
   assert cooking.success(problem, state)
 
 
+class ByteChat:
+  """Bytes as tokens, and a plain-text chat format: enough for ChoiceLLM (each letter is one token)."""
+
+  def encode(self, text):
+    return list(text.encode())
+
+  def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=True):
+    return self.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:")
+
+
+def test_choice_llm_takes_the_letter_a_plain_forward_ranks_first():
+  from jaxlab.models import transformer as tfm
+  mcfg = tfm.Config.tiny(vocab_size=256, n_layers=2, d_ff=64)
+  params = tfm.init(mcfg, jax.random.key(3))
+  llm, tok = gig.ChoiceLLM(mcfg, params, ByteChat(), bucket=32), ByteChat()
+  problem = cooking.generate(0, "burger", distractors=0)
+  options = [a.text for a in cooking.valid_actions(problem, problem.init)]
+  for n in (2, len(options)):
+    text = gig.decision_prompt(gig.Kitchen(problem).task, cooking.describe(problem, problem.init), options[:n],
+                               ["Your last actions: wait."])
+    assert "Valid actions:\nA. " in text and f"\n{gig.LABELS[n - 1]}. {options[n - 1]}\n" in text
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    last = np.asarray(tfm.forward(params, np.asarray([ids], np.int32), mcfg).logits[0, -1])
+    assert llm(text, n) == int(np.argmax(last[[ord(c) for c in gig.LABELS[:n]]]))
+  assert llm.calls == 2 and llm.tokens > 2 * 100
+
+
+class Scripted:
+  """A stand-in LLM that picks option `pick(text, n)`, counting calls like ChoiceLLM."""
+
+  def __init__(self, pick):
+    self.pick, self.calls, self.tokens = pick, 0, 0
+
+  def __call__(self, text, n):
+    self.calls, self.tokens = self.calls + 1, self.tokens + len(text)
+    return self.pick(text, n)
+
+
+def _options(text):
+  return [line[3:].split(" (reaches the goal")[0] for line in text.split("\n") if line[1:3] == ". "]
+
+
+def _embedder(cfg):
+  def embed_graphs(p, graphs):
+    n, e = sum(int(g.n_node[0]) for g in graphs), sum(int(g.n_edge[0]) for g in graphs)
+    padded = gnn.pad(gnn.batch(graphs), gnn.round_up(n + 1, 64), gnn.round_up(e, 64), gnn.round_up(len(graphs) + 1, 8))
+    return np.asarray(gnn.forward(p, padded, cfg))[:len(graphs)]
+  return embed_graphs
+
+
+def _replay(problem, actions):
+  states = [problem.init]
+  for a in actions:
+    states.append(cooking.step(problem, states[-1], cooking.parse_action(problem, states[-1], a)))
+  return states
+
+
+def test_agents_follow_memory_without_calls_and_never_step_into_dead_ends(tmp_path):
+  problem = cooking.generate(4, "onion_soup", distractors=0)
+  states, actions = replay(problem, shortest_plan(problem, problem.init, tmp_path))
+  params = gnn.init(CFG, jax.random.PRNGKey(0))
+  memory = gig.Memory(CFG.d_embed)
+  memory.add_trace(embed(problem, states, CFG, params), actions)
+  r = gig.play_agent(gig.Kitchen(problem), "gig", Scripted(lambda text, n: 0), depth=1, max_steps=40, memory=memory,
+                     embed=_embedder(CFG), gparams=params, threshold=1e-3)
+  assert r["success"] and r["calls"] == 0 and r["memory_share"] == 1.0 and r["actions"] == actions
+  # the LLM alone, told the plan: one call per step; lookahead with a chooser that takes the first option
+  plan = iter(actions)
+  follow = Scripted(lambda text, n: _options(text).index(next(plan)))
+  r = gig.play_agent(gig.Kitchen(problem), "llm", follow, depth=1, max_steps=40)
+  assert r["success"] and r["calls"] == r["steps"] == len(actions)
+  r = gig.play_agent(gig.Kitchen(problem), "llm_lookahead", Scripted(lambda text, n: 0), depth=2, max_steps=12)
+  assert all(gig.dead_end(problem, s) is None for s in _replay(problem, r["actions"]))
+  with pytest.raises(ValueError, match="method must be one of"):
+    gig.play_agent(gig.Kitchen(problem), "planner", follow, depth=1, max_steps=1)
+
+
+def test_the_loop_guard_never_repeats_an_action_from_a_revisited_state_while_others_are_untried():
+  problem = cooking.generate(0, "burger", distractors=0)
+  params = gnn.init(CFG, jax.random.PRNGKey(0))
+  seen = []
+  def first(text, n):
+    seen.append("loop warning" in text)
+    return 0
+  r = gig.play_agent(gig.Kitchen(problem), "gig", Scripted(first), depth=1, max_steps=40,
+                     memory=gig.Memory(CFG.d_embed), embed=_embedder(CFG), gparams=params)
+  states, tried = _replay(problem, r["actions"]), {}
+  for s, a in zip(states, r["actions"]):
+    k = gig.state_key(problem, s)
+    allowed = {o.action for o in gig.lookahead(problem, s, 1) if o.rejected is None}
+    assert a not in tried.get(k, set()) or tried[k] >= allowed, (a, tried.get(k))
+    tried.setdefault(k, set()).add(a)
+  assert any(seen)  # the first-option chooser does come back to states (it oscillates without the guard)
+  lone = gig.play_agent(gig.Kitchen(problem), "llm_lookahead", Scripted(lambda t, n: 0), depth=1, max_steps=40)
+  assert len({(gig.state_key(problem, s), a) for s, a in zip(_replay(problem, lone["actions"]), lone["actions"])}) < 40
+
+
+def test_textworld_agents_replay_the_walkthrough_from_memory(tmp_path):
+  pytest.importorskip("textworld")
+  from jaxlab.envs import textworld as tw
+  cfg = gnn.Config(node_features=tw.NODE_FEATURES, edge_features=tw.EDGE_FEATURES, d_model=16, n_heads=2,
+                   n_layers=2, d_embed=16, init_std=0.5)
+  params = gnn.init(cfg, jax.random.PRNGKey(0))
+  env = tw.TextWorldCooking(str(tmp_path), recipe=1, take=1, open=True, cut=True)
+  env.reset(2)
+  walk, graphs = list(env.walkthrough), [tw.scene_graph(env.facts)]
+  for a in walk:
+    env.step(a)
+    graphs.append(tw.scene_graph(env.facts))
+  memory = gig.Memory(cfg.d_embed)
+  memory.add_trace(_embedder(cfg)(params, graphs), walk)
+  world = gig.TextGame(tw.TextWorldCooking(str(tmp_path), recipe=1, take=1, open=True, cut=True), 2)
+  r = gig.play_agent(world, "gig", Scripted(lambda t, n: 0), depth=1, max_steps=30, memory=memory,
+                     embed=_embedder(cfg), gparams=params, threshold=1e-3)
+  assert r["success"] and r["calls"] == 0 and r["actions"] == walk
+  offered_losing = []
+  def last(text, n):  # the lookahead never offers an action that loses the game (eating an ingredient)
+    out = world.env.outcomes()
+    offered_losing.extend(a for a in _options(text) if out[a] == "lost")
+    return n - 1
+  r = gig.play_agent(world, "llm_lookahead", Scripted(last), depth=1, max_steps=30)
+  assert not offered_losing and not world.env.state["lost"] and r["calls"] > 0
+
+
 def test_experiment_smoke_run_replays_seen_traces_from_memory(tmp_path):
   cfg = gig.Config(recipes=("onion_soup",), train_problems=2, test_problems=2, steps=2, triplets=4, max_steps=30,
-                   depth=1)
+                   depth=1, llm="")
   res = gig.run(cfg, str(tmp_path), resume=False)
   assert res["success.seen.memory"] == 1.0 and res["memory_share.seen"] == 1.0
   assert 0.0 <= res["triplet_acc.trained"] <= 1.0 and np.isfinite(res["heldout_triplet_loss.trained"])

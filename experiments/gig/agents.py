@@ -1,0 +1,184 @@
+"""GiG's LLM agents (papers/DIGEST.md "gig"): an LLM planner choosing among lettered valid actions, the worlds it
+plays (the kitchen of `jaxlab.envs.cooking`, TextWorld cooking games of `jaxlab.envs.textworld`) and one episode
+of each method: the LLM alone, the LLM over the lookahead's allowed actions, and GiG (memory retrieval, loop
+guard, lookahead, then the LLM).
+"""
+from __future__ import annotations
+
+import string
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import jraph
+import numpy as np
+
+from experiments._shared.chat_models import chat_ids
+from experiments.gig.planner import THRESHOLD, LoopDetector, Memory, Option, lookahead, state_key
+from jaxlab.envs import cooking, textworld
+from jaxlab.models import gnn
+from jaxlab.models import transformer as tfm
+
+LABELS = string.ascii_uppercase
+METHODS = ("llm", "llm_lookahead", "gig", "planner")
+
+
+class ChoiceLLM:
+  """The LLM planner's decision: one forward over the chat prompt (task, state, notes, the actions lettered A, B,
+  ...) and the action whose letter has the highest next-token logit. `calls` and `tokens` (prompt tokens) add up."""
+
+  def __init__(self, mcfg: tfm.Config, params, tok, bucket: int = 64):
+    ids = [tok.encode(c) for c in LABELS]
+    if any(len(i) != 1 for i in ids):
+      raise ValueError(f"ChoiceLLM: the tokenizer must encode each letter of {LABELS} as one token")
+    self.params, self.tok, self.bucket, self.calls, self.tokens = params, tok, bucket, 0, 0
+    labels = jnp.asarray([i[0] for i in ids], jnp.int32)
+    self.fn = jax.jit(lambda p, t, m, last: tfm.forward(p, t, mcfg, attention_mask_BT=m).logits[0, last, labels])
+
+  def __call__(self, text: str, n: int) -> int:
+    """Index of the chosen one of the first `n` lettered actions in `text`."""
+    ids = chat_ids(self.tok, text)
+    toks = np.zeros((1, gnn.round_up(len(ids), self.bucket)), np.int32)
+    mask = np.zeros_like(toks)
+    toks[0, :len(ids)], mask[0, :len(ids)] = ids, 1
+    self.calls, self.tokens = self.calls + 1, self.tokens + len(ids)
+    return int(np.argmax(np.asarray(self.fn(self.params, toks, mask, len(ids) - 1))[:n]))
+
+
+def decision_prompt(task: str, state_text: str, options: Sequence[str], notes: Sequence[str] = ()) -> str:
+  """The planner's prompt: the task, the state in words, notes (recent actions, loop warning, ruled-out
+  actions), the lettered valid actions."""
+  lines = [task, "", state_text, *notes, "Valid actions:", *(f"{LABELS[i]}. {o}" for i, o in enumerate(options)),
+           "Reply with the letter of the best next action."]
+  return "\n".join(lines)
+
+
+class Kitchen:
+  """A kitchen problem as the agents see it: states are `cooking.State`s, stepped by the symbolic transitions."""
+
+  def __init__(self, problem: cooking.Problem):
+    self.problem = problem
+    self.task = cooking.task_text(problem).split(" Act with")[0]
+
+  def reset(self):
+    return self.problem.init
+
+  def actions(self, state) -> list[str]:
+    return [a.text for a in cooking.valid_actions(self.problem, state)]
+
+  def lookahead(self, state, depth: int) -> list[Option]:
+    return lookahead(self.problem, state, depth)
+
+  def step(self, state, action: str):
+    return cooking.step(self.problem, state, cooking.parse_action(self.problem, state, action))
+
+  def success(self, state) -> bool:
+    return cooking.success(self.problem, state)
+
+  def failed(self, state) -> bool:
+    return False
+
+  def key(self, state):
+    return state_key(self.problem, state)
+
+  def graph(self, state) -> jraph.GraphsTuple:
+    return cooking.scene_graph(self.problem, state)
+
+  def describe(self, state) -> str:
+    return cooking.describe(self.problem, state)
+
+
+class TextGame:
+  """A TextWorld cooking game as the agents see it: the state is the env itself (stepped in place); lookahead is
+  one action deep on the game's logic (an action that loses the game is ruled out, one that wins is marked)."""
+
+  def __init__(self, env: textworld.TextWorldCooking, seed: int):
+    self.env, self.seed = env, seed
+
+  def reset(self):
+    self.env.reset(self.seed)
+    self.task = self.env.task().split(" Act with")[0]
+    return self.env
+
+  def actions(self, state) -> list[str]:
+    return state.valid_actions()
+
+  def lookahead(self, state, depth: int) -> list[Option]:
+    del depth  # one action deep: the game's logic engine is too slow to copy for more
+    out = state.outcomes()
+    return [Option(a, "it loses the game" if out[a] == "lost" else None, 1 if out[a] == "won" else None)
+            for a in state.valid_actions()]
+
+  def step(self, state, action: str):
+    state.step(action)
+    return state
+
+  def success(self, state) -> bool:
+    return bool(state.state["won"])
+
+  def failed(self, state) -> bool:
+    return bool(state.state["lost"])
+
+  def key(self, state):
+    return textworld.key(state.facts)
+
+  def graph(self, state) -> jraph.GraphsTuple:
+    return textworld.scene_graph(state.facts)
+
+  def describe(self, state) -> str:
+    return textworld.describe(state.facts)
+
+
+def play_agent(world, method: str, llm, *, depth: int, max_steps: int, memory: Memory | None = None, embed=None,
+               gparams=None, threshold: float = THRESHOLD) -> dict:
+  """One episode of `method` in `world` (a Kitchen or a TextGame): "llm" chooses among all valid actions;
+  "llm_lookahead" among those the lookahead does not rule out (annotated with the actions to the goal when within
+  the depth; one left is taken without a call); "gig" as llm_lookahead, but a state whose nearest remembered state
+  is within `threshold` takes the remembered action (no call), and a revisited state adds the loop warning to the
+  prompt and offers only the actions not yet tried from it (while any are left). Returns the outcome, the counts,
+  and the scene graphs and actions of the episode."""
+  if method not in METHODS[:3]:
+    raise ValueError(f"play_agent: method must be one of {METHODS[:3]}, found {method!r}")
+  state = world.reset()
+  graphs, actions, sources, loops = [world.graph(state)], [], [], LoopDetector()
+  calls, tokens = llm.calls, llm.tokens
+  for t in range(max_steps):
+    if world.success(state) or world.failed(state):
+      break
+    notes = [f"Your last actions: {'; '.join(actions[-3:])}."] if actions else []
+    chosen = None
+    if method == "llm":
+      options = labelled = world.actions(state)
+    else:
+      opts = world.lookahead(state, depth)
+      allowed = [o for o in opts if o.rejected is None]
+      options = [o.action for o in allowed]
+      labelled = [o.action + (f" (reaches the goal in {o.goal_in} actions)" if o.goal_in else "") for o in allowed]
+      if method == "gig":
+        key = world.key(state)
+        warning = loops.visit(key, t)
+        hit = memory.retrieve(embed(gparams, graphs[-1:])[0], threshold)
+        if hit is not None and warning is None and hit.action in options:
+          chosen, source = hit.action, "memory"
+        if warning:  # the loop guard: a revisited state offers the actions not yet tried from it, if any
+          fresh = set(loops.untried(key, options)) or set(options)
+          options, labelled = map(list, zip(*[(o, l) for o, l in zip(options, labelled) if o in fresh]))
+          notes.append(warning)
+      notes += [f"Ruled out: {o.action} ({o.rejected})." for o in opts if o.rejected]
+    if not options:
+      break
+    if chosen is None and len(options) == 1 and method != "llm":
+      chosen, source = options[0], "only"
+    if chosen is None:
+      n = min(len(options), len(LABELS))
+      prompt = decision_prompt(world.task, world.describe(state), labelled[:n], notes)
+      chosen, source = options[llm(prompt, n)], "llm"
+    if method == "gig":
+      loops.took(key, chosen)
+    sources.append(source)
+    actions.append(chosen)
+    state = world.step(state, chosen)
+    graphs.append(world.graph(state))
+  return {"success": world.success(state), "steps": len(actions), "calls": llm.calls - calls,
+          "tokens": llm.tokens - tokens, "memory_share": float(np.mean([s == "memory" for s in sources])) if sources
+          else 0.0, "graphs": graphs, "actions": actions}
