@@ -26,23 +26,27 @@ import optax
 
 from experiments import registry
 from experiments._shared.chat_models import load_chat_model
-from experiments.gig.agents import LABELS, METHODS, ChoiceLLM, Kitchen, TextGame, decision_prompt, play_agent
+from experiments.gig.agents import (LABELS, METHODS, ChoiceLLM, Kitchen, LikelihoodLLM, TextGame, decision_prompt,
+                                    play_agent)
 from experiments.gig.planner import (THRESHOLD, LoopDetector, Memory, Option, Planner, Retrieval, dead_end,
                                      lookahead, shortest_plan, state_key)
 from experiments.runner.claims import Claim
 from jaxlab.envs import cooking, textworld
 from jaxlab.models import gnn
 
-__all__ = ["LABELS", "METHODS", "THRESHOLD", "ChoiceLLM", "Config", "Kitchen", "LoopDetector", "Memory", "Option",
+__all__ = ["LABELS", "METHODS", "THRESHOLD", "ChoiceLLM", "Config", "Kitchen", "LikelihoodLLM", "LoopDetector",
+           "Memory", "Option",
            "Planner", "Retrieval", "TextGame", "dead_end", "decision_prompt", "lookahead", "play_agent", "run",
            "shortest_plan", "state_key"]
 ENVS = ("cooking_sync", "cooking_async", "textworld")
+CHOOSERS = {"letter": ChoiceLLM, "likelihood": LikelihoodLLM}
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   """gig settings: `train_problems` solved problems (seeds 0..) train the GAT and fill the memory, `test_problems`
   (seeds 1000..) are unseen; `steps` Adam steps on `triplets` triplets each. The LLM agents (`llm`: a registered
-  chat model or a path; "" skips them) play `llm_problems` unseen problems (seeds 1000..) in each of `llm_envs`;
+  chat model or a path; "" skips them; `chooser`: "letter" picks the lettered action whose letter is likeliest,
+  "likelihood" the action whose text is) play `llm_problems` unseen problems (seeds 1000..) in each of `llm_envs`;
   the kitchen GAT trains on the traces of every kitchen mode played. TextWorld games (`tw_*` settings of
   `jaxlab.envs.textworld.make_game`) are generated into `tw_games` (default: the run directory's
   textworld_games/)."""
@@ -62,6 +66,7 @@ class Config:
   max_steps: int = 40
   llm: str = "smollm2-135m-instruct"
   llm_envs: tuple[str, ...] = ENVS
+  chooser: str = "letter"
   llm_problems: int = 6
   llm_max_steps: int = 30
   tw_games: str = ""
@@ -83,6 +88,8 @@ class Config:
     if any(e not in ENVS for e in self.llm_envs) or self.llm_problems < 1 or self.llm_max_steps < 1:
       raise ValueError(f"expected llm_envs from {ENVS}, llm_problems >= 1, llm_max_steps >= 1; found "
                        f"{self.llm_envs}, {self.llm_problems}, {self.llm_max_steps}")
+    if self.chooser not in CHOOSERS:
+      raise ValueError(f"chooser must be one of {sorted(CHOOSERS)}, found {self.chooser!r}")
     if self.tw_train_games < 2:
       raise ValueError(f"tw_train_games must be >= 2 (negatives come from other traces), found {self.tw_train_games}")
     if self.train_problems < 2 or self.test_problems < 2:
@@ -343,7 +350,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   res["plan_length.mean"] = float(np.mean([len(a) for _, a in traces["train"][:len(train)] + traces["test"]]))
   if cfg.llm:
     mcfg, lparams, tok = load_chat_model(cfg.llm)
-    llm = ChoiceLLM(mcfg, lparams, tok)
+    llm = CHOOSERS[cfg.chooser](mcfg, lparams, tok)
     with open(os.path.join(out_dir, "episodes.jsonl"), "w") as f:
       res.update(_kitchen_agents(cfg, llm, embed, params, f))
       if "textworld" in cfg.llm_envs:

@@ -25,7 +25,8 @@ METHODS = ("llm", "llm_lookahead", "gig", "planner")
 
 class ChoiceLLM:
   """The LLM planner's decision: one forward over the chat prompt (task, state, notes, the actions lettered A, B,
-  ...) and the action whose letter has the highest next-token logit. `calls` and `tokens` (prompt tokens) add up."""
+  ...) and the action whose letter has the highest next-token logit. `calls` and `tokens` (prompt tokens) add up.
+  Called as `llm(prompt, options)`; returns the chosen index."""
 
   def __init__(self, mcfg: tfm.Config, params, tok, bucket: int = 64):
     ids = [tok.encode(c) for c in LABELS]
@@ -35,14 +36,55 @@ class ChoiceLLM:
     labels = jnp.asarray([i[0] for i in ids], jnp.int32)
     self.fn = jax.jit(lambda p, t, m, last: tfm.forward(p, t, mcfg, attention_mask_BT=m).logits[0, last, labels])
 
-  def __call__(self, text: str, n: int) -> int:
-    """Index of the chosen one of the first `n` lettered actions in `text`."""
+  def __call__(self, text: str, options: Sequence[str]) -> int:
     ids = chat_ids(self.tok, text)
     toks = np.zeros((1, gnn.round_up(len(ids), self.bucket)), np.int32)
     mask = np.zeros_like(toks)
     toks[0, :len(ids)], mask[0, :len(ids)] = ids, 1
     self.calls, self.tokens = self.calls + 1, self.tokens + len(ids)
-    return int(np.argmax(np.asarray(self.fn(self.params, toks, mask, len(ids) - 1))[:n]))
+    return int(np.argmax(np.asarray(self.fn(self.params, toks, mask, len(ids) - 1))[:len(options)]))
+
+
+class LikelihoodLLM:
+  """The LLM planner's decision by scoring: each action's text as the assistant's reply to the chat prompt, by its
+  mean token log-probability; the prompt is prefilled once and its KV cache shared by every action. `calls` and
+  `tokens` (prompt plus action tokens) add up. Called as `llm(prompt, options)`; returns the chosen index."""
+
+  def __init__(self, mcfg: tfm.Config, params, tok, bucket: int = 64):
+    self.params, self.tok, self.bucket, self.calls, self.tokens = params, tok, bucket, 0, 0
+    self.fn = jax.jit(lambda p, t, m, o, om: self._scores(p, t, m, o, om, mcfg))
+
+  @staticmethod
+  def _scores(params, toks_1W, mask_1W, opt_BL, opt_mask_BL, mcfg):
+    b, n = opt_BL.shape
+    cache = tfm.init_cache(mcfg, 1, toks_1W.shape[1] + n)
+    out = tfm.forward(params, toks_1W, mcfg, attention_mask_BT=mask_1W, cache=cache)
+    first_V = jax.nn.log_softmax(out.logits[0, -1].astype(jnp.float32))
+    tiled = {"k": jnp.repeat(out.cache["k"], b, 1), "v": jnp.repeat(out.cache["v"], b, 1),
+             "pos": jnp.repeat(out.cache["pos"], b, 0), "index": out.cache["index"]}
+    logp_BLV = jax.nn.log_softmax(tfm.forward(params, opt_BL, mcfg, attention_mask_BT=opt_mask_BL,
+                                              cache=tiled).logits.astype(jnp.float32), -1)
+    rest_BL = jnp.take_along_axis(logp_BLV[:, :-1], opt_BL[:, 1:, None], -1)[..., 0]
+    tok_BL = jnp.concatenate([first_V[opt_BL[:, :1]], rest_BL], axis=1) * opt_mask_BL
+    return tok_BL.sum(1) / jnp.maximum(opt_mask_BL.sum(1), 1)
+
+  def scores(self, text: str, options: Sequence[str]) -> np.ndarray:
+    """Mean token log-probability of each option's text after the chat prompt of `text`."""
+    ids = chat_ids(self.tok, text)
+    width = gnn.round_up(len(ids), self.bucket)
+    toks, mask = np.zeros((1, width), np.int32), np.zeros((1, width), np.int32)
+    toks[0, width - len(ids):], mask[0, width - len(ids):] = ids, 1  # left-padded: the last position is real
+    opts = [self.tok.encode(o) for o in options]
+    length = gnn.round_up(max(len(o) for o in opts), 8)
+    o_toks = np.zeros((gnn.round_up(len(opts), 8), length), np.int32)
+    o_mask = np.zeros_like(o_toks)
+    for i, o in enumerate(opts):
+      o_toks[i, :len(o)], o_mask[i, :len(o)] = o, 1
+    self.calls, self.tokens = self.calls + 1, self.tokens + len(ids) + sum(len(o) for o in opts)
+    return np.asarray(self.fn(self.params, toks, mask, o_toks, o_mask))[:len(opts)]
+
+  def __call__(self, text: str, options: Sequence[str]) -> int:
+    return int(np.argmax(self.scores(text, options)))
 
 
 def decision_prompt(task: str, state_text: str, options: Sequence[str], notes: Sequence[str] = ()) -> str:
@@ -172,7 +214,7 @@ def play_agent(world, method: str, llm, *, depth: int, max_steps: int, memory: M
     if chosen is None:
       n = min(len(options), len(LABELS))
       prompt = decision_prompt(world.task, world.describe(state), labelled[:n], notes)
-      chosen, source = options[llm(prompt, n)], "llm"
+      chosen, source = options[llm(prompt, options[:n])], "llm"
     if method == "gig":
       loops.took(key, chosen)
     sources.append(source)

@@ -176,19 +176,38 @@ def test_choice_llm_takes_the_letter_a_plain_forward_ranks_first():
     assert "Valid actions:\nA. " in text and f"\n{gig.LABELS[n - 1]}. {options[n - 1]}\n" in text
     ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     last = np.asarray(tfm.forward(params, np.asarray([ids], np.int32), mcfg).logits[0, -1])
-    assert llm(text, n) == int(np.argmax(last[[ord(c) for c in gig.LABELS[:n]]]))
+    assert llm(text, options[:n]) == int(np.argmax(last[[ord(c) for c in gig.LABELS[:n]]]))
   assert llm.calls == 2 and llm.tokens > 2 * 100
 
 
+def test_likelihood_llm_scores_equal_an_uncached_forward_over_prompt_and_action():
+  from jaxlab.models import transformer as tfm
+  mcfg = tfm.Config.tiny(vocab_size=256, n_layers=2, d_ff=64)
+  params = tfm.init(mcfg, jax.random.key(4))
+  tok = ByteChat()
+  llm = gig.LikelihoodLLM(mcfg, params, tok, bucket=32)
+  problem = cooking.generate(0, "burger", distractors=0)
+  options = [a.text for a in cooking.valid_actions(problem, problem.init)]
+  text = gig.decision_prompt(gig.Kitchen(problem).task, cooking.describe(problem, problem.init), options)
+  ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+  want = []
+  for o in options:
+    full = ids + tok.encode(o)
+    logp = jax.nn.log_softmax(tfm.forward(params, np.asarray([full], np.int32), mcfg).logits[0], -1)
+    want.append(float(np.mean([logp[len(ids) - 1 + j, t] for j, t in enumerate(tok.encode(o))])))
+  np.testing.assert_allclose(llm.scores(text, options), want, rtol=1e-4, atol=1e-4)
+  assert llm(text, options) == int(np.argmax(want)) and llm.calls == 2
+
+
 class Scripted:
-  """A stand-in LLM that picks option `pick(text, n)`, counting calls like ChoiceLLM."""
+  """A stand-in LLM that picks option `pick(text, n)` of n options, counting calls like ChoiceLLM."""
 
   def __init__(self, pick):
     self.pick, self.calls, self.tokens = pick, 0, 0
 
-  def __call__(self, text, n):
+  def __call__(self, text, options):
     self.calls, self.tokens = self.calls + 1, self.tokens + len(text)
-    return self.pick(text, n)
+    return self.pick(text, len(options))
 
 
 def _options(text):
