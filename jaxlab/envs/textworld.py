@@ -74,10 +74,6 @@ def make_game(seed: int, cache_dir: str, *, recipe: int = 1, take: int = 1, go: 
   return path
 
 
-def _name(v) -> str:
-  return v.name
-
-
 def recipe(facts) -> list[tuple[str, list[str]]]:
   """The cookbook's recipe from the facts: (food, required states) per ingredient, in ingredient order."""
   props = {}
