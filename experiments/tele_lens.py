@@ -24,6 +24,7 @@ words; a template's are fixed text it reads, far more predictable (the last comm
   python -m experiments run tele_lens --preset smoke
   python -m experiments run tele_lens --preset cpu
   python -m experiments run tele_lens --preset cpu --set cot=template --set tasks=parity,cycle,subsum --set examples=48
+  python -m experiments run tele_lens --preset full --set model=PATH.gguf --set task_file=tasks.jsonl
 """
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ COTS = ("template", "model")
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """tele_lens settings: `examples` per task (half train the probes), probed `layers` (HF convention)."""
+  """tele_lens settings: `examples` per task (half train the probes), probed `layers` (HF convention);
+  `task_file`, a JSONL of {"question", "answer", "task", "cot"} rows (the paper's task files converted, say),
+  replaces the generated `tasks`; every answer must be one token."""
   model: str = "smollm2-135m-instruct"
   tasks: tuple[str, ...] = ("parity", "cycle", "subsum", "syllogism", "ransom_note")
   examples: int = 32
@@ -61,6 +64,7 @@ class Config:
   temperature: float = 0.7
   max_cot_tokens: int = 96
   generate_batch: int = 16
+  task_file: str = ""
   layers: tuple[int, ...] = (6, 15, 24, 30)
   uncertainty_layer: int = 15
   horizon: int = 8
@@ -81,7 +85,7 @@ class Config:
       raise ValueError(f"tasks must be names from {known}, found {self.tasks}")
     if self.cot not in COTS:
       raise ValueError(f"cot must be one of {COTS}, found {self.cot!r}")
-    if self.cot == "template" and any(t in reasoning.GYM_TASKS for t in self.tasks):
+    if self.cot == "template" and not self.task_file and any(t in reasoning.GYM_TASKS for t in self.tasks):
       raise ValueError(f"cot='template' needs tasks with a templated CoT {sorted(reasoning.TASKS)}, "
                        f"found {self.tasks}")
     if self.sampled_cots < 0 or self.temperature <= 0 or self.max_cot_tokens < 1 or self.generate_batch < 1:
@@ -104,10 +108,63 @@ PRESETS = {
 
 
 def questions(cfg: Config) -> list[reasoning.Example]:
-  """`examples` problems per task, balanced over the task's answers, deterministic in `seed`."""
+  """`examples` problems per task: generated (balanced over the task's answers, deterministic in `seed`), or the
+  first `examples` rows of each task of `task_file`."""
+  if cfg.task_file:
+    return read_tasks(cfg.task_file, cfg.examples, need_cot=cfg.cot == "template")
   return [ex for task in cfg.tasks for ex in (reasoning.generate(task, cfg.examples, seed=cfg.seed)
                                               if task in reasoning.TASKS else
                                               reasoning.from_gym(task, cfg.examples, seed=cfg.seed))]
+
+
+def read_tasks(path: str, per_task: int, need_cot: bool = False) -> list[reasoning.Example]:
+  """Questions from a JSONL file, one {"question", "answer", "task" (optional), "cot" (optional, one step per
+  line)} object per line; the first `per_task` of each task, grouped by task in order of first appearance."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"task_file {path!r} does not exist (expected JSONL with question and answer fields)")
+  by_task: dict[str, list] = {}
+  with open(path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+      missing = [k for k in ("question", "answer") + (("cot",) if need_cot else ()) if not isinstance(row.get(k), str)]
+      if missing:
+        raise ValueError(f"{path}:{n}: expected string fields {missing}, found keys {sorted(row)}")
+      task = str(row.get("task", "file"))
+      cot = tuple(row.get("cot", "").split("\n")) if row.get("cot") else ()
+      by_task.setdefault(task, []).append(reasoning.Example(task, row["question"], cot, row["answer"], ()))
+  if not by_task:
+    raise ValueError(f"{path}: no questions")
+  return [ex for rows in by_task.values() for ex in rows[:per_task]]
+
+
+def answer_words(exs) -> dict[str, tuple[str, ...]]:
+  """Each task's answer words: the registry's for generated tasks, the answers that occur for a file's."""
+  out = {}
+  for ex in exs:
+    if ex.task in reasoning.TASKS:
+      out[ex.task] = reasoning.TASKS[ex.task].answers
+    elif ex.task in reasoning.GYM_TASKS:
+      out[ex.task] = reasoning.GYM_TASKS[ex.task]
+    else:
+      out[ex.task] = tuple(sorted(set(out.get(ex.task, ())) | {ex.answer}))
+  return out
+
+
+def splits(exs) -> list[str]:
+  """"train" for the first half of each task's questions, "test" for the rest."""
+  count, seen = {}, {}
+  for ex in exs:
+    count[ex.task] = count.get(ex.task, 0) + 1
+  out = []
+  for ex in exs:
+    seen[ex.task] = seen.get(ex.task, 0) + 1
+    out.append("train" if seen[ex.task] <= count[ex.task] // 2 else "test")
+  return out
 
 
 def prompt_ids(tok, ex: reasoning.Example) -> list[int]:
@@ -131,7 +188,7 @@ def model_cots(cfg: Config, params, mcfg: tfm.Config, tok, exs) -> list[list[dic
   width = max(len(p) for p in prompts)
   stops = stop_tokens(mcfg, tok)
   kinds = [("greedy", 0.0)] + [("sampled", cfg.temperature)] * cfg.sampled_cots
-  out = [[] for _ in exs]
+  out, words = [[] for _ in exs], answer_words(exs)
   key = jax.random.key(cfg.seed)
   for j, (kind, temp) in enumerate(kinds):
     for i in range(0, len(prompts), cfg.generate_batch):
@@ -147,13 +204,9 @@ def model_cots(cfg: Config, params, mcfg: tfm.Config, tok, exs) -> list[list[dic
       for b in range(min(cfg.generate_batch, len(prompts) - i)):
         ex = exs[i + b]
         text = tok.decode([int(t) for t in new[b, :lengths[b]] if int(t) not in stops])
-        cot, stated = split_cot(text, _answers(ex.task))
+        cot, stated = split_cot(text, words[ex.task])
         out[i + b].append({"kind": kind, "text": text, "cot": cot, "stated": stated})
   return out
-
-
-def _answers(task: str) -> tuple[str, ...]:
-  return reasoning.TASKS[task].answers if task in reasoning.TASKS else reasoning.GYM_TASKS[task]
 
 
 def build(cfg: Config, tok, cots: list[list[dict]] | None = None) -> list[dict]:
@@ -163,21 +216,21 @@ def build(cfg: Config, tok, cots: list[list[dict]] | None = None) -> list[dict]:
   if (cfg.cot == "model") != (cots is not None) or (cots is not None and len(cots) != len(exs)):
     raise ValueError(f"cot={cfg.cot!r} needs {'one list of CoTs per question' if cfg.cot == 'model' else 'no cots'}"
                      f" ({len(exs)} questions), found {None if cots is None else len(cots)}")
-  rows = []
+  rows, words, split = [], answer_words(exs), splits(exs)
   for q, ex in enumerate(exs):
     prompt = prompt_ids(tok, ex)
     slot = tok.encode("\nAnswer:")
     ans = tok.encode(" " + ex.answer)
     if len(ans) != 1:
       raise ValueError(f"answer {ex.answer!r} is {len(ans)} tokens; the answer probe reads one token")
-    choices = sorted({tok.encode(" " + a)[0] for a in _answers(ex.task)})
+    choices = sorted({tok.encode(" " + a)[0] for a in words[ex.task]})
     for c in ([{"kind": "template", "cot": ex.cot, "stated": None}] if cots is None else cots[q]):
       if not c["cot"]:
         continue  # answered at once: no CoT to probe
       cot = tok.encode(c["cot"])
       ids = prompt + cot + slot + ans
       rows.append({"task": ex.task, "question": q, "kind": c["kind"], "stated": c["stated"],
-                   "gold": ex.answer, "split": "train" if q % cfg.examples < cfg.examples // 2 else "test",
+                   "gold": ex.answer, "split": split[q],
                    "ids": ids, "cot_start": len(prompt), "cot_end": len(prompt) + len(cot),
                    "slot": len(ids) - 2, "answer": ans[0], "choices": choices})
   return rows
@@ -326,6 +379,7 @@ def _full_vocab_check(cfg: Config, p, pc, params, h, test, tok_targets, y_tokens
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # features are cached under out_dir; probes retrain in minutes
+  questions(cfg)  # a bad task_file fails here, before the model loads
   mcfg, params, tok = load_chat_model(cfg.model)
   return run_with_model(cfg, out_dir, mcfg, params, tok, cfg.model)
 

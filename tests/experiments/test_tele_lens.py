@@ -3,6 +3,7 @@ claims name is written, the token layout matches the task's text, features are c
 CoTs (batched, padded generation) equal a token-by-token greedy decode without a cache; the smoke preset on the
 real SmolLM2 (slow)."""
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -106,6 +107,27 @@ def test_model_cots_equal_an_uncached_greedy_decode_and_feed_the_probes(tmp_path
   assert res["full_vocab.layer"] == 2 and 0 < res["full_vocab.positions"] and 0 <= res["full_vocab.top5.d1"] <= 1
   res2 = exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, "tiny-random")  # CoTs and features cached
   assert res2["horizon.top5.layer2.d1"] == res["horizon.top5.layer2.d1"]
+
+
+def test_a_task_file_replaces_the_generated_tasks(tmp_path):
+  path = tmp_path / "tasks.jsonl"
+  rows = [{"task": t, "question": f"{t} question {i}?", "answer": a, "cot": f"step one of {i}\nstep two"}
+          for t, answers in (("logic", ("true", "false")), ("count", ("three", "four", "five")))
+          for i, a in zip(range(6), itertools.cycle(answers))]
+  path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  cfg = dataclasses.replace(CFG, task_file=str(path), examples=4)
+  exs = exp.questions(cfg)
+  assert [(e.task, e.answer) for e in exs] == [(r["task"], r["answer"]) for r in rows if int(r["question"][-2]) < 4]
+  assert exp.answer_words(exs) == {"logic": ("false", "true"), "count": ("five", "four", "three")}
+  assert exp.splits(exs) == ["train"] * 2 + ["test"] * 2 + ["train"] * 2 + ["test"] * 2
+  tok = WordTokenizer(400)
+  built = exp.build(cfg, tok)
+  assert built[0]["ids"][built[0]["cot_start"]:built[0]["cot_end"]] == tok.encode("step one of 0\nstep two")
+  path.write_text(json.dumps({"question": "q"}) + "\n")
+  with pytest.raises(ValueError, match=r"tasks.jsonl:1: expected string fields \['answer', 'cot'\]"):
+    exp.questions(cfg)
+  with pytest.raises(FileNotFoundError, match="task_file .* does not exist"):
+    exp.run(dataclasses.replace(cfg, task_file=str(tmp_path / "none.jsonl")), str(tmp_path), False)
 
 
 def test_split_cot_cuts_where_the_answer_is_stated():
