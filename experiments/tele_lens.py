@@ -28,6 +28,7 @@ words; a template's are fixed text it reads, far more predictable (the last comm
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -157,12 +158,10 @@ def answer_words(exs) -> dict[str, tuple[str, ...]]:
 
 def splits(exs) -> list[str]:
   """"train" for the first half of each task's questions, "test" for the rest."""
-  count, seen = {}, {}
-  for ex in exs:
-    count[ex.task] = count.get(ex.task, 0) + 1
+  count, seen = collections.Counter(ex.task for ex in exs), collections.Counter()
   out = []
   for ex in exs:
-    seen[ex.task] = seen.get(ex.task, 0) + 1
+    seen[ex.task] += 1
     out.append("train" if seen[ex.task] <= count[ex.task] // 2 else "test")
   return out
 
@@ -209,10 +208,10 @@ def model_cots(cfg: Config, params, mcfg: tfm.Config, tok, exs) -> list[list[dic
   return out
 
 
-def build(cfg: Config, tok, cots: list[list[dict]] | None = None) -> list[dict]:
+def build(cfg: Config, tok, exs, cots: list[list[dict]] | None = None) -> list[dict]:
   """Rows with token ids: prompt, CoT, "\nAnswer:" and the one-token gold answer, and where each part starts;
-  one row per non-empty CoT (the template's, or each of `cots[q]`, the model's CoTs of question q)."""
-  exs = questions(cfg)
+  one row per non-empty CoT of the questions `exs` (the template's, or each of `cots[q]`, the model's CoTs of
+  question q)."""
   if (cfg.cot == "model") != (cots is not None) or (cots is not None and len(cots) != len(exs)):
     raise ValueError(f"cot={cfg.cot!r} needs {'one list of CoTs per question' if cfg.cot == 'model' else 'no cots'}"
                      f" ({len(exs)} questions), found {None if cots is None else len(cots)}")
@@ -263,23 +262,25 @@ def _lm_readouts(params, mcfg: tfm.Config, rows, answer_ids, batch: int = 8):
   return out
 
 
-def cached_cots(cfg: Config, out_dir: str, params, mcfg: tfm.Config, tok) -> list[list[dict]]:
+def cached_cots(cfg: Config, out_dir: str, params, mcfg: tfm.Config, tok, exs) -> list[list[dict]]:
   """`model_cots`, read from out_dir/cots.json when a run of this config wrote it, else generated and written."""
   path = os.path.join(out_dir, "cots.json")
   if os.path.exists(path):
     with open(path) as f:
       return json.load(f)
-  cots = model_cots(cfg, params, mcfg, tok, questions(cfg))
+  cots = model_cots(cfg, params, mcfg, tok, exs)
   with open(path + ".tmp", "w") as f:
     json.dump(cots, f, indent=1)
   os.replace(path + ".tmp", path)
   return cots
 
 
-def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, model_name: str) -> dict:
+def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, model_name: str, exs=None) -> dict:
+  """The experiment on a loaded model; `exs` the questions when already read (default `questions(cfg)`)."""
   if cfg.layers[-1] > mcfg.n_layers:
     raise ValueError(f"layers must be <= the model's {mcfg.n_layers} layers, found {cfg.layers}")
-  rows = build(cfg, tok, cached_cots(cfg, out_dir, params, mcfg, tok) if cfg.cot == "model" else None)
+  exs = questions(cfg) if exs is None else exs
+  rows = build(cfg, tok, exs, cached_cots(cfg, out_dir, params, mcfg, tok, exs) if cfg.cot == "model" else None)
   seqs = [r["ids"] for r in rows]
   # CoT positions: from the token before the CoT (it predicts the CoT's first token) to the last CoT token
   pos = np.array([(i, t) for i, r in enumerate(rows) for t in range(r["cot_start"] - 1, r["cot_end"])])
@@ -379,9 +380,9 @@ def _full_vocab_check(cfg: Config, p, pc, params, h, test, tok_targets, y_tokens
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # features are cached under out_dir; probes retrain in minutes
-  questions(cfg)  # a bad task_file fails here, before the model loads
+  exs = questions(cfg)  # a bad task_file fails here, before the model loads
   mcfg, params, tok = load_chat_model(cfg.model)
-  return run_with_model(cfg, out_dir, mcfg, params, tok, cfg.model)
+  return run_with_model(cfg, out_dir, mcfg, params, tok, cfg.model, exs)
 
 
 registry.register(registry.Experiment(

@@ -264,14 +264,20 @@ def evaluate_agents(cfg: Config, env: str, worlds, upper_bounds, llm, memory: Me
   return res
 
 
-def _kitchen_agents(cfg: Config, llm, embed, gparams, f) -> dict:
+def _memory(d_embed: int, z, lengths, traces) -> Memory:
+  """A memory of solved traces: `z` holds their state embeddings back to back (consecutive runs of `lengths`)."""
+  memory = Memory(d_embed)
+  for (_, actions), s0, n in zip(traces, np.cumsum([0] + list(lengths[:-1])), lengths):
+    memory.add_trace(z[s0:s0 + n], actions)
+  return memory
+
+
+def _kitchen_agents(cfg: Config, llm, embed, gparams, memory_of, f) -> dict:
+  """The kitchen part; `memory_of(mode)` is a fresh memory of the mode's training traces."""
   res = {}
   for env in (e for e in cfg.llm_envs if e.startswith("cooking_")):
     mode = env.split("_")[1]
-    memory = Memory(embed.d_embed)
-    for p in _problems(cfg, range(cfg.train_problems), mode):
-      states, actions = _trace(p)
-      memory.add_trace(embed(gparams, [cooking.scene_graph(p, s) for s in states]), actions)
+    memory = memory_of(mode)
     problems = _problems(cfg, range(1000, 1000 + cfg.llm_problems), mode)
     plans = [[a.text for a in plan] if (plan := shortest_plan(p)) is not None else None for p in problems]
     res.update(evaluate_agents(cfg, env, lambda: [Kitchen(p) for p in problems], plans, llm, memory, embed, gparams,
@@ -304,9 +310,7 @@ def _textworld_agents(cfg: Config, out_dir: str, llm, f) -> dict:
     test.append((textworld.scene_graph(env.facts), list(env.walkthrough)))
   params, embed, losses = fit_gat(cfg, gcfg, graphs, lengths, [g for g, _ in test],
                                   os.path.join(out_dir, "metrics_textworld.jsonl"))
-  memory = Memory(gcfg.d_embed)
-  for trace, walk in traces:
-    memory.add_trace(embed(params, trace), walk)
+  memory = _memory(gcfg.d_embed, embed(params, graphs), lengths, traces)
   worlds = lambda: [TextGame(textworld.TextWorldCooking(games, **_tw_settings(cfg)), s) for s in seeds]  # noqa: E731
   res = evaluate_agents(cfg, "textworld", worlds, [w for _, w in test], llm, memory, embed, params, f)
   res["textworld.gat_loss.first"], res["textworld.gat_loss.last"] = losses[0], losses[-1]
@@ -315,28 +319,31 @@ def _textworld_agents(cfg: Config, out_dir: str, llm, f) -> dict:
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # minutes of work at the cpu preset; recomputed
-  train = _problems(cfg, range(cfg.train_problems))
-  test = _problems(cfg, range(1000, 1000 + cfg.test_problems))
   modes = [e.split("_")[1] for e in cfg.llm_envs if e.startswith("cooking_")] if cfg.llm else []
-  train_all = train + [p for m in dict.fromkeys(modes) if m != cfg.mode
-                       for p in _problems(cfg, range(cfg.train_problems), m)]
+  modes = list(dict.fromkeys([cfg.mode] + modes))  # the GAT trains on every mode played, cfg.mode's traces first
+  by_mode = {m: _problems(cfg, range(cfg.train_problems), m) for m in modes}
+  train, train_all = by_mode[cfg.mode], [p for m in modes for p in by_mode[m]]
+  test = _problems(cfg, range(1000, 1000 + cfg.test_problems))
   traces = {"train": [_trace(p) for p in train_all], "test": [_trace(p) for p in test]}
   graphs = {k: [cooking.scene_graph(p, s) for p, (states, _) in zip(ps, traces[k]) for s in states]
             for k, ps in (("train", train_all), ("test", test))}
   lengths = {k: [len(states) for states, _ in v] for k, v in traces.items()}
   gcfg = dataclasses.replace(gnn.PRESETS[cfg.model], node_features=cooking.NODE_FEATURES,
                              edge_features=cooking.EDGE_FEATURES)
-  init = gnn.init(gcfg, jax.random.PRNGKey(cfg.seed))
+  init = gnn.init(gcfg, jax.random.PRNGKey(cfg.seed))  # fit_gat's own copy: its train step donates the params
   params, embed, losses = fit_gat(cfg, gcfg, graphs["train"], lengths["train"], graphs["test"],
                                   os.path.join(out_dir, "metrics.jsonl"))
   acc_init, loss_init = triplet_metrics(embed(init, graphs["test"]), lengths["test"], cfg.margin, cfg.seed + 1)
   acc_trained, loss_trained = triplet_metrics(embed(params, graphs["test"]), lengths["test"], cfg.margin,
                                               cfg.seed + 1)
-  memory = Memory(gcfg.d_embed)
   z_train = embed(params, graphs["train"])
-  start = np.concatenate([[0], np.cumsum(lengths["train"])[:-1]])
-  for (_, actions), s0, n in zip(traces["train"][:len(train)], start, lengths["train"]):
-    memory.add_trace(z_train[s0:s0 + n], actions)
+  k, ends = cfg.train_problems, np.cumsum([0] + lengths["train"])
+
+  def memory_of(mode: str) -> Memory:
+    """A fresh memory of `mode`'s training traces (the k traces of its place in `modes`)."""
+    i = modes.index(mode) * k
+    return _memory(gcfg.d_embed, z_train[ends[i]:ends[i + k]], lengths["train"][i:i + k], traces["train"][i:i + k])
+  memory = memory_of(cfg.mode)
   res = {"triplet_acc.init": acc_init, "triplet_acc.trained": acc_trained, "heldout_triplet_loss.init": loss_init,
          "heldout_triplet_loss.trained": loss_trained,
          "loss.first": losses[0] if losses else None, "loss.last": losses[-1] if losses else None}
@@ -352,7 +359,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     mcfg, lparams, tok = load_chat_model(cfg.llm)
     llm = CHOOSERS[cfg.chooser](mcfg, lparams, tok)
     with open(os.path.join(out_dir, "episodes.jsonl"), "w") as f:
-      res.update(_kitchen_agents(cfg, llm, embed, params, f))
+      res.update(_kitchen_agents(cfg, llm, embed, params, memory_of, f))
       if "textworld" in cfg.llm_envs:
         res.update(_textworld_agents(cfg, out_dir, llm, f))
   if losses:

@@ -53,7 +53,7 @@ def test_runs_on_a_tiny_model_and_writes_every_claimed_key(tmp_path):
   tok = WordTokenizer(400)
   mcfg = tfm.Config.tiny(vocab_size=400, n_layers=2, d_ff=64, tie_embeddings=True)
   params = tfm.init(mcfg, jax.random.key(0))
-  rows = exp.build(CFG, tok)
+  rows = exp.build(CFG, tok, exp.questions(CFG))
   assert len(rows) == 3 * CFG.examples and {r["split"] for r in rows} == {"train", "test"}
   ex = reasoning.generate("cycle", CFG.examples, seed=CFG.seed)[0]
   r = next(r for r in rows if r["task"] == "cycle")
@@ -98,7 +98,7 @@ def test_model_cots_equal_an_uncached_greedy_decode_and_feed_the_probes(tmp_path
     want = _greedy_without_cache(params, mcfg, prompt, cfg.max_cot_tokens, {tok.eos_id})
     assert cots[q][0]["text"] == tok.decode(want[len(prompt):])
   assert any(c[0]["text"] != c[1]["text"] for c in cots)  # sampling at temperature 0.7 differs somewhere
-  rows = exp.build(cfg, tok, cots)
+  rows = exp.build(cfg, tok, exp.questions(cfg), cots)
   assert {r["kind"] for r in rows} <= {"greedy", "sampled"} and res["positions"] > len(rows)
   r = rows[0]
   assert r["ids"][r["cot_start"]:r["cot_end"]] == tok.encode(next(c for c in cots[r["question"]])["cot"])
@@ -121,7 +121,7 @@ def test_a_task_file_replaces_the_generated_tasks(tmp_path):
   assert exp.answer_words(exs) == {"logic": ("false", "true"), "count": ("five", "four", "three")}
   assert exp.splits(exs) == ["train"] * 2 + ["test"] * 2 + ["train"] * 2 + ["test"] * 2
   tok = WordTokenizer(400)
-  built = exp.build(cfg, tok)
+  built = exp.build(cfg, tok, exs)
   assert built[0]["ids"][built[0]["cot_start"]:built[0]["cot_end"]] == tok.encode("step one of 0\nstep two")
   path.write_text(json.dumps({"question": "q"}) + "\n")
   with pytest.raises(ValueError, match=r"tasks.jsonl:1: expected string fields \['answer', 'cot'\]"):
