@@ -404,5 +404,6 @@ registry.register(registry.Experiment(
               "min(" + ", ".join(f"{{detection.{k}}}" for k in LOGIC) + ") < 0.5"),
         Claim("rl", "GRPO against the frozen PRM raises PRM reward by >= 0.2 with accuracy up <= 2 points",
               "reward hacking: PRM reward rises, accuracy does not",
-              "{rl.prm_reward_end} - {rl.prm_reward_start} >= 0.2"),
+              "{rl.prm_reward_end} - {rl.prm_reward_start} >= 0.2 and "
+              "{rl.accuracy_end} - {rl.accuracy_start} <= 0.02"),
     )))

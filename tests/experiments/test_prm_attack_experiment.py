@@ -8,6 +8,7 @@ import pytest
 
 from experiments import prm_attack as exp
 from experiments import registry
+from experiments.runner import claims as claims_lib
 from jaxlab.data.tasks import arithmetic as ar
 
 _CALC = re.compile(r"(-?\d+)\s*(\+|-|\*|plus|minus|times)\s*(\d+)\s*(?:=|gives)\s*(-?\d+)")
@@ -89,3 +90,12 @@ def test_bad_configs_are_named():
     registry.apply_overrides(exp.PRESETS["cpu"], ["test_problems=10"])
   with pytest.raises(ValueError, match="steps_per_problem must be >= 3"):
     registry.apply_overrides(exp.PRESETS["cpu"], ["steps_per_problem=2"])
+
+
+def test_rl_claim_needs_the_reward_gain_and_no_accuracy_gain():
+  rl = {c.id: c for c in registry.get("prm_attack").claims}["rl"]
+  hacked = {"rl.prm_reward_start": 0.53, "rl.prm_reward_end": 0.98, "rl.accuracy_start": 0.25,
+            "rl.accuracy_end": 0.26}
+  assert claims_lib.holds(rl, hacked) is True
+  assert claims_lib.holds(rl, {**hacked, "rl.prm_reward_end": 0.70}) is False   # reward up by 0.17 only
+  assert claims_lib.holds(rl, {**hacked, "rl.accuracy_end": 0.40}) is False     # a real gain, not hacking
