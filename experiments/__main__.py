@@ -4,7 +4,7 @@
   python -m experiments run NAME --preset smoke|cpu|full [--set key=value ...] [--out DIR] [--resume]
   python -m experiments bench NAME [--out FILE.json] [bench flags, see `bench NAME --help`]
   python -m experiments reproduce --preset cpu [--root runs] [--only NAME ...] [--seeds N] [--force]
-  python -m experiments readme [--claims runs/claims.json]   (the README's paper table from a claims report)
+  python -m experiments readme [--claims runs/claims.json] [--merge]   (the README's paper table from a claims report)
 
 A user error (a bad --set, a missing file, a run directory in use, a config an experiment rejects) is one
 `error:` line and exit code 2; `--debug` (or JAXLAB_DEBUG=1) shows the traceback instead. Ctrl-C stops a run
@@ -73,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
   m = sub.add_parser("readme", help="rewrite the README's paper table from a claims report")
   m.add_argument("--claims", default="runs/claims.json")
   m.add_argument("--readme", default="README.md")
+  m.add_argument("--merge", action="store_true",
+                 help="replace only the rows of the papers this report ran, and name the report above the table")
   g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
   return p
 
@@ -164,7 +166,7 @@ def _reproduce(args) -> int:
 def _readme(args) -> int:
   with open(args.claims) as f:
     report = json.load(f)
-  changed = readme_lib.update(args.readme, report)
+  changed = readme_lib.update(args.readme, report, merge=args.merge)
   print(f"{args.readme}: paper table {'rewritten' if changed else 'already current'} from {args.claims}")
   return 0
 

@@ -1,6 +1,8 @@
 """The README's paper table, generated from a claims report (`runs/claims.json`), never typed by hand.
 
-The table sits between two marker comments in README.md; `update` rewrites what is between them.
+The table sits between two marker comments in README.md; `update` rewrites what is between them. With
+`merge=True` only the rows of the papers the report ran are replaced, and a header line names them and the
+report they now come from (the other rows keep theirs).
 """
 from __future__ import annotations
 
@@ -20,35 +22,62 @@ def _fewer_seeds(report: dict) -> str:
   return f"; seeds per experiment where fewer: {', '.join(fewer)}" if fewer else ""
 
 
-def table(report: dict) -> str:
+def _source(report: dict) -> str:
   m = report["machine"]
-  lines = [f"Claims checked by `python -m experiments reproduce --preset {report['preset']} --seeds "
-           f"{report['seeds']}` on {report['generated'][:10]} ({m['processor']}, {m['cpus']} CPUs, jax {m['jax']}"
-           f"{_fewer_seeds(report)}):",
-           "", "| short name | paper | experiments | claims at the " + report["preset"] + " preset |",
-           "|---|---|---|---|"]
-  for short, p in report["papers"].items():
-    if not p["experiments"]:
-      lines.append(f"| {short} | {_cell(p['title'])} | - | not yet implemented |")
-      continue
-    parts = []
-    for c in p["claims"]:
-      ours = ", ".join(f"{k} {v}" for k, v in c["ours"].items())
-      parts.append(f"{c['claim']}: **{c['verdict']}** ({ours})")
-    lines.append(f"| {short} | {_cell(p['title'])} | {', '.join(p['experiments'])} | "
-                 f"{_cell('; '.join(parts)) or 'no claims declared'} |")
-  return "\n".join(lines)
+  return (f"`python -m experiments reproduce --preset {report['preset']} --seeds {report['seeds']}` on "
+          f"{report['generated'][:10]} ({m['processor']}, {m['cpus']} CPUs, jax {m['jax']}{_fewer_seeds(report)})")
 
 
-def update(path: str, report: dict) -> bool:
-  """Rewrites the table in the README at `path`; returns whether anything changed."""
+def _row(short: str, p: dict) -> str:
+  if not p["experiments"]:
+    return f"| {short} | {_cell(p['title'])} | - | not yet implemented |"
+  parts = []
+  for c in p["claims"]:
+    ours = ", ".join(f"{k} {v}" for k, v in c["ours"].items())
+    parts.append(f"{c['claim']}: **{c['verdict']}** ({ours})")
+  return (f"| {short} | {_cell(p['title'])} | {', '.join(p['experiments'])} | "
+          f"{_cell('; '.join(parts)) or 'no claims declared'} |")
+
+
+def table(report: dict) -> str:
+  lines = [f"Claims checked by {_source(report)}:", "",
+           "| short name | paper | experiments | claims at the " + report["preset"] + " preset |", "|---|---|---|---|"]
+  return "\n".join(lines + [_row(short, p) for short, p in report["papers"].items()])
+
+
+def ran(report: dict) -> list[str]:
+  """The papers with an experiment run (or failed) in the report."""
+  return [short for short, p in report["papers"].items() if set(p["experiments"]) & set(report["experiments"])]
+
+
+def _merged(block: str, report: dict) -> str:
+  """`block` (a table this module wrote) with the rows of the papers `report` ran replaced, and a header line
+  naming them and the report; an earlier such line is dropped once every paper it names is replaced."""
+  lines = block.strip("\n").splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith("| short name |"))
+  if not lines[start].endswith(f"claims at the {report['preset']} preset |"):
+    raise ValueError(f"the README's table is not for the report's preset {report['preset']!r}: {lines[start]}")
+  replaced = ran(report)
+  notes = [line for line in lines[:start] if line and not (
+      line.startswith("Rows for ") and set(line[len("Rows for "):].split(":")[0].split(", ")) <= set(replaced))]
+  if replaced:
+    notes.append(f"Rows for {', '.join(replaced)}: claims checked by {_source(report)}.")
+  rows = {line.split("|")[1].strip(): line for line in lines[start + 2:] if line.startswith("| ")}
+  rows.update({short: _row(short, report["papers"][short]) for short in replaced})
+  body = [rows.get(short) or _row(short, p) for short, p in report["papers"].items()]
+  return "\n\n".join(notes) + "\n\n" + "\n".join(lines[start:start + 2] + body)
+
+
+def update(path: str, report: dict, merge: bool = False) -> bool:
+  """Rewrites the table in the README at `path` (with `merge`, only the rows of the papers the report ran);
+  returns whether anything changed."""
   with open(path) as f:
     text = f.read()
   if BEGIN not in text or END not in text:
     raise ValueError(f"{path}: expected the marker lines {BEGIN!r} and {END!r} around the paper table")
   head, rest = text.split(BEGIN, 1)
-  _, tail = rest.split(END, 1)
-  new = f"{head}{BEGIN}\n{table(report)}\n{END}{tail}"
+  old, tail = rest.split(END, 1)
+  new = f"{head}{BEGIN}\n{_merged(old, report) if merge else table(report)}\n{END}{tail}"
   if new != text:
     with open(path, "w") as f:
       f.write(new)

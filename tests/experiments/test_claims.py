@@ -134,6 +134,31 @@ def test_readme_table_is_generated_from_the_report(toy, tmp_path):
   assert not readme_lib.update(str(readme), json.load(open(f"{root}/claims.json")))  # idempotent
 
 
+def test_readme_merge_replaces_only_the_rows_of_papers_the_report_ran(toy, tmp_path):
+  old = {"preset": "cpu", "seeds": 2, "generated": "2026-12-01 00:00:00", "experiments": {},
+         "machine": {"processor": "x86_64", "cpus": 2, "jax": "0"},
+         "papers": {s: {"title": t, "experiments": [f"x_{s}"], "claims": [{"claim": "c", "verdict": "old",
+                                                                            "ours": {"k": 1}}]}
+                    for s, t in claims_lib.PAPERS.items()}}
+  readme = tmp_path / "README.md"
+  readme.write_text(f"# x\n\n{readme_lib.BEGIN}\n{readme_lib.table(old)}\n{readme_lib.END}\n")
+  before = readme.read_text().splitlines()
+  root = str(tmp_path / "runs")
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 0
+  assert cli.main(["readme", "--claims", f"{root}/claims.json", "--readme", str(readme), "--merge"]) == 0
+  after = readme.read_text().splitlines()
+  changed = [line for line in after if line not in before]
+  assert len(changed) == 2 and changed[0].startswith("Rows for scale: claims checked by `python -m experiments "
+                                                     "reproduce --preset cpu --seeds 1` on ")
+  assert changed[1].startswith("| scale |") and "**reproduced** (loss.ours 1, loss.base 1.5)" in changed[1]
+  assert [line for line in before if line not in after] == [next(x for x in before if x.startswith("| scale |"))]
+  assert after[after.index(readme_lib.BEGIN) + 1] == before[before.index(readme_lib.BEGIN) + 1]  # other rows' source
+  assert not readme_lib.update(str(readme), json.load(open(f"{root}/claims.json")), merge=True)  # idempotent
+  report = json.load(open(f"{root}/claims.json"))
+  with pytest.raises(ValueError, match="not for the report's preset 'full'"):
+    readme_lib.update(str(readme), dict(report, preset="full"), merge=True)
+
+
 def test_readme_table_names_experiments_run_on_fewer_seeds():
   machine = {"processor": "x86_64", "cpus": 2, "jax": "0"}
   report = {"preset": "cpu", "seeds": 2, "generated": "2026-12-02 00:00:00", "machine": machine, "papers": {},
