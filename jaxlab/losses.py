@@ -6,6 +6,8 @@ accumulated sums, so microbatched and full-batch updates agree. Here:
   next_token_nll   summed masked token NLL from logits, log-softmax in fp32 (the primitive of the LM losses)
   lm_loss_fn       next-token loss of a decoder LM (`jaxlab.models.transformer`) on packed batches
   vlm_loss_fn      next-token loss of a VLM (`jaxlab.models.vlm`), image-token targets skipped
+  multimodal_loss_fn  the same for any `jaxlab.models.multimodal` splice model, from raw inputs or from a frozen
+                   encoder's features computed beforehand (connector alignment and distillation)
   mdm_loss_fn      the masked-diffusion (LLaDA, arXiv 2502.09992) objective of `jaxlab.models.mdm`
   grpo_objective   GRPO (arXiv 2402.03300) on per-token log-probs: PPO-clip ratio with separate low/high clip
                    (DAPO, arXiv 2503.14476), k3 KL to a reference, three token-aggregation rules (below)
@@ -36,7 +38,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
-from jaxlab.models import heads, mdm
+from jaxlab.models import heads, mdm, multimodal
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vlm
 
@@ -93,6 +95,31 @@ def vlm_loss_fn(cfg: vlm.Config, freeze: bool = False) -> LossFn:
       params = {k: v if k == "connector" else jax.lax.stop_gradient(v) for k, v in params.items()}
     logits = vlm.forward(params, batch["inputs"], batch.get("pixels"), cfg).logits
     mask = batch["targets"] != cfg.image_token_id
+    if "loss_mask" in batch:
+      mask = mask & batch["loss_mask"].astype(bool)
+    return next_token_nll(logits, batch["targets"], mask)
+  return loss_fn
+
+
+def multimodal_loss_fn(cfg: multimodal.Config, freeze: bool = False) -> LossFn:
+  """Next-token loss of `multimodal.forward` (splice mode): batch keys inputs, targets[, loss_mask] and either
+  encoder_inputs (the encoder's batch) or features (its features [B, N, E] computed beforehand); placeholder
+  targets are skipped.
+
+  Args:
+    cfg: the multimodal config.
+    freeze: stop gradients at every param but the connector's (use with `jaxlab.models.vlm.connector_only`).
+  """
+  if cfg.mode != "splice":
+    raise ValueError(f"multimodal_loss_fn trains splice models; this config's mode is {cfg.mode!r}")
+
+  def loss_fn(params, batch, rng):
+    del rng
+    if freeze:
+      params = {k: v if k == "connector" else jax.lax.stop_gradient(v) for k, v in params.items()}
+    logits = multimodal.forward(params, batch["inputs"], batch.get("encoder_inputs"), cfg,
+                                features_BNE=batch.get("features")).logits
+    mask = batch["targets"] != cfg.placeholder_id
     if "loss_mask" in batch:
       mask = mask & batch["loss_mask"].astype(bool)
     return next_token_nll(logits, batch["targets"], mask)

@@ -109,12 +109,13 @@ def layer_list_cache(cfg: tfm.Config, batch: int, max_len: int):
   return {"k": zeros, "v": zeros, "pos": jnp.full((batch, max_len), -1, jnp.int32), "index": jnp.zeros((), jnp.int32)}
 
 
-def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT, cache, logits_at_B=None):
+def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT, cache, logits_at_B=None,
+                       inputs_embeds_BTD=None):
   """`transformer.forward` with a KV cache over `split_layers` params and a `layer_list_cache`: the same
   positions, masks, blocks and head, with the layers unrolled instead of scanned. With `logits_at_B` the head
   reads only that position of each row (logits [B, 1, V]: a prefill never holds [B, T, V])."""
   dt = jnp.dtype(cfg.dtype)
-  x = layers.embed(params["embed"], tokens_BT, dt)
+  x = layers.embed(params["embed"], tokens_BT, dt) if inputs_embeds_BTD is None else inputs_embeds_BTD.astype(dt)
   b, t = x.shape[:2]
   valid_BT = attention_mask_BT.astype(bool)
   index = cache["index"]
@@ -135,8 +136,8 @@ def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT,
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new", "greedy", "top_k", "use_top_p", "stop", "forward_fn",
                                              "init_cache_fn", "return_logits", "return_logprobs",
                                              "unrolled"))
-def _generate(params, prompt_BT, mask_BT, key, temperature, top_p, max_length, pad_id, *, cfg, max_new, greedy,
-              top_k, use_top_p, stop, forward_fn, init_cache_fn, return_logits, return_logprobs, unrolled):
+def _generate(params, prompt_BT, mask_BT, embeds_BTD, key, temperature, top_p, max_length, pad_id, *, cfg, max_new,
+              greedy, top_k, use_top_p, stop, forward_fn, init_cache_fn, return_logits, return_logprobs, unrolled):
   _TRACES[0] += 1
   if unrolled:  # the per-layer copies are made once here, outside the decode loop
     params = split_layers(params)
@@ -148,11 +149,12 @@ def _generate(params, prompt_BT, mask_BT, key, temperature, top_p, max_length, p
 
   cache = init_cache_fn(cfg, b, t + max_new - 1)
   last = t - 1 - jnp.argmax(mask_BT[:, ::-1], axis=1)  # last real prompt position (any padding side)
+  embeds = {} if embeds_BTD is None else {"inputs_embeds_BTD": embeds_BTD}
   if forward_fn is layer_list_forward:
-    out = forward_fn(params, prompt_BT, cfg, attention_mask_BT=mask_BT, cache=cache, logits_at_B=last)
+    out = forward_fn(params, prompt_BT, cfg, attention_mask_BT=mask_BT, cache=cache, logits_at_B=last, **embeds)
     logits_BV = out.logits[:, 0].astype(jnp.float32)
   else:
-    out = forward_fn(params, prompt_BT, cfg, attention_mask_BT=mask_BT, cache=cache)
+    out = forward_fn(params, prompt_BT, cfg, attention_mask_BT=mask_BT, cache=cache, **embeds)
     logits_BV = jnp.take_along_axis(out.logits, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 
   def emit(i, logits_BV, tokens_BN, done_B, lengths_B, all_logits, logp_BN):
@@ -229,7 +231,7 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
            top_p: float | None = None, key=None, prompt_mask=None, stop_tokens: Sequence[int] | None = None,
            max_length: int | None = None, pad_id: int | None = None, forward_fn: Callable | None = None,
            init_cache_fn: Callable | None = None, return_logits: bool = False, return_logprobs: bool = False,
-           weights: str = "fp32") -> SampleOutput:
+           weights: str = "fp32", inputs_embeds_BTD=None) -> SampleOutput:
   """Generates up to `max_new_tokens` tokens after each prompt; `sample(...).tokens` are the new tokens.
 
   Args:
@@ -257,6 +259,9 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
       in `SampleOutput.logprobs` (what a teacher-forced forward over `sequences` scores; RL's old log-probs).
     weights: "fp32" (the params as given), "bf16" or "int8": weight-only bf16 / int8 matmul kernels
       (`quant.quantize`; int8 with the per-group scales of `quant.INT8`), dequantized inside each matmul.
+    inputs_embeds_BTD: the prompt's input embeddings [B, T, D] for the prefill in place of looking up `prompt`
+      (e.g. `multimodal.embed`'s spliced features); `prompt` still gives the shape, padding and stop handling.
+      With a custom `forward_fn`, it must accept `inputs_embeds_BTD=`.
 
   Returns:
     SampleOutput(tokens [B, N], lengths [B], sequences [B, T + N], prompt_mask [B, T], logits,
@@ -287,9 +292,13 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
   unrolled = forward_fn is None and init_cache_fn is None
   if unrolled:
     forward_fn, init_cache_fn = layer_list_forward, layer_list_cache
-  return _generate(params, prompt_BT, mask_BT, key, jnp.float32(1.0 if greedy else temperature),
-                   jnp.float32(1.0 if top_p is None else top_p), jnp.int32(cap), jnp.int32(pad), cfg=cfg,
-                   max_new=int(max_new_tokens), greedy=greedy, top_k=None if greedy or not top_k else int(top_k),
+  if inputs_embeds_BTD is not None and tuple(inputs_embeds_BTD.shape[:2]) != tuple(prompt_BT.shape):
+    raise ValueError(f"inputs_embeds_BTD must be [B, T, D] with [B, T] = the prompt's {tuple(prompt_BT.shape)}, "
+                     f"found {tuple(inputs_embeds_BTD.shape)}")
+  return _generate(params, prompt_BT, mask_BT, inputs_embeds_BTD, key,
+                   jnp.float32(1.0 if greedy else temperature), jnp.float32(1.0 if top_p is None else top_p),
+                   jnp.int32(cap), jnp.int32(pad), cfg=cfg, max_new=int(max_new_tokens), greedy=greedy,
+                   top_k=None if greedy or not top_k else int(top_k),
                    use_top_p=top_p is not None and not greedy, stop=stop, forward_fn=forward_fn or tfm.forward,
                    init_cache_fn=init_cache_fn or tfm.init_cache, return_logits=bool(return_logits),
                    return_logprobs=bool(return_logprobs), unrolled=unrolled)

@@ -9,8 +9,10 @@ text embeddings; the attention mask gains K ones and positions count on from the
 embeddings, so captures, interventions and layer programs work unchanged.
 
 An encoder is anything mapping a batch of inputs to features [B, N, E] (`Encoder`, functions of its own frozen
-config): `VIT` (the hidden states of chosen ViT layers, as LLaVA selects them) and `LINEAR` (one linear map per
-item: video frames, points or audio windows given as feature vectors).
+config): `VIT` (the hidden states of chosen ViT layers, as LLaVA selects them), `WHISPER` (Whisper's encoder
+output over a log-mel window, mean-pooled in time to a few dozen tokens) and `LINEAR` (one linear map per item:
+video frames, points or audio windows given as feature vectors). A frozen encoder's features may be computed
+once and passed to `forward`/`embed` as `features_BNE`, skipping the encoder.
 
 Axes: B batch (LM rows; for features, the encoder's inputs, whose count need not be the LM's), T positions,
 N feature tokens per input, K prefix latents, E encoder width, F connector width, D LM width, X item width.
@@ -25,6 +27,7 @@ import jax.numpy as jnp
 
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vit
+from jaxlab.models import whisper
 from jaxlab.nn import axes, layers
 
 MODES = ("splice", "prefix")
@@ -88,6 +91,31 @@ def vit_features(params, pixels_BHWC, c: VitFeatures):
 
 VIT = Encoder(init=lambda c, key: vit.init(c.vision, key), forward=vit_features, width=lambda c: c.width,
               n_tokens=lambda c: c.n_tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class WhisperFeatures:
+  """Whisper's encoder output (arXiv 2212.04356) over one 30 s log-mel window [n_mels, 2A], its first
+  `n_tokens * pool` positions (20 ms each) mean-pooled in groups of `pool`: `n_tokens` features of width d_model.
+  The default keeps the first 12.8 s at 4 tokens per second."""
+  whisper: whisper.Config = whisper.PRESETS["tiny_random"]
+  n_tokens: int = 4
+  pool: int = 4
+
+  def __post_init__(self):
+    if self.n_tokens <= 0 or self.pool <= 0 or self.n_tokens * self.pool > self.whisper.max_source_positions:
+      raise ValueError(f"multimodal.WhisperFeatures: n_tokens * pool must be in [1, "
+                       f"{self.whisper.max_source_positions}] (encoder positions), found {self.n_tokens} * {self.pool}")
+
+
+def whisper_features(params, mel_BFT, c: WhisperFeatures):
+  """[B, N, E]: the pooled Whisper encoder output."""
+  enc_BAE = whisper.encode(params, mel_BFT, c.whisper)[:, :c.n_tokens * c.pool]
+  return enc_BAE.reshape(enc_BAE.shape[0], c.n_tokens, c.pool, -1).mean(axis=2)
+
+
+WHISPER = Encoder(init=lambda c, key: {"encoder": whisper.init(c.whisper, key)["encoder"]},
+                  forward=whisper_features, width=lambda c: c.whisper.d_model, n_tokens=lambda c: c.n_tokens)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,9 +297,35 @@ def _check_count(mask_BT, n_inputs: int, cfg: Config):
                      f"{cfg.placeholder_id}); the tokens hold {have}")
 
 
+def _connected(params, inputs, features_BNE, cfg: Config):
+  if features_BNE is None:
+    return encode(params, inputs, cfg)
+  return connector(params["connector"], features_BNE, cfg.connector_activation, jnp.dtype(cfg.text.dtype))
+
+
+def embed(params, tokens_BT, inputs, cfg: Config, *, features_BNE=None):
+  """Splice mode's LM input [B, T, D]: the token embeddings with the connected features at the placeholders
+  (the prompt embeddings `generate.sample(..., inputs_embeds_BTD=)` decodes from).
+
+  Args:
+    inputs: the encoder's batch, or None.
+    features_BNE: the encoder's features computed beforehand, in place of `inputs`.
+  """
+  if cfg.mode != "splice":
+    raise ValueError(f"embed builds splice-mode inputs; this config's mode is {cfg.mode!r}")
+  tokens_BT = jnp.asarray(tokens_BT)
+  x = layers.embed(params["lm"]["embed"], tokens_BT, jnp.dtype(cfg.text.dtype))
+  if inputs is None and features_BNE is None:
+    return x
+  mask = tokens_BT == cfg.placeholder_id
+  n = (features_BNE if features_BNE is not None else jax.tree.leaves(inputs)[0]).shape[0]
+  _check_count(mask, n, cfg)
+  return scatter(x, mask, _connected(params, inputs, features_BNE, cfg))
+
+
 def forward(params, tokens_BT, inputs, cfg: Config, *, attention_mask_BT=None, positions_BT=None,
             capture: Sequence[str] = (), intervention: tfm.Intervention | None = None,
-            program: Sequence[int] | None = None) -> Output:
+            program: Sequence[int] | None = None, features_BNE=None) -> Output:
   """Runs the multimodal LM.
 
   Args:
@@ -280,15 +334,18 @@ def forward(params, tokens_BT, inputs, cfg: Config, *, attention_mask_BT=None, p
       latents) only.
     attention_mask_BT, positions_BT: of the text, as in `transformer.forward`; prefix mode extends them.
     capture, intervention, program: as in `transformer.forward`, over the whole sequence.
+    features_BNE: a frozen encoder's features computed beforehand, in place of `inputs` (the encoder is
+      skipped; its params may be absent).
   """
   tokens_BT = jnp.asarray(tokens_BT)
   x = layers.embed(params["lm"]["embed"], tokens_BT, jnp.dtype(cfg.text.dtype))
   feats = None
   if cfg.mode == "splice":
     mask = tokens_BT == cfg.placeholder_id
-    if inputs is not None:
-      _check_count(mask, jax.tree.leaves(inputs)[0].shape[0], cfg)
-      feats = encode(params, inputs, cfg)
+    if inputs is not None or features_BNE is not None:
+      n = (features_BNE if features_BNE is not None else jax.tree.leaves(inputs)[0]).shape[0]
+      _check_count(mask, n, cfg)
+      feats = _connected(params, inputs, features_BNE, cfg)
       x = scatter(x, mask, feats)
     out = tfm.forward(params["lm"], tokens_BT, cfg.text, inputs_embeds_BTD=x, attention_mask_BT=attention_mask_BT,
                       positions_BT=positions_BT, capture=capture, intervention=intervention, program=program)
@@ -297,8 +354,8 @@ def forward(params, tokens_BT, inputs, cfg: Config, *, attention_mask_BT=None, p
   latents = []
   if cfg.n_latents:
     latents.append(jnp.broadcast_to(params["latents"][None], (b,) + params["latents"].shape))
-  if inputs is not None:
-    feats = encode(params, inputs, cfg)
+  if inputs is not None or features_BNE is not None:
+    feats = _connected(params, inputs, features_BNE, cfg)
     latents.append(feats)
   if not latents:
     raise ValueError("prefix mode needs inputs or learned latents (n_latents > 0); found neither")
