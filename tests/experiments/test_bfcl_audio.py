@@ -215,7 +215,7 @@ def test_smoke_preset_from_the_cli_writes_the_keys(tmp_path):
   res = json.loads((out / "results.json").read_text())
   cats = exp.PRESETS["smoke"].categories
   keys = [f"ast_accuracy.{s}.{c}" for s in exp.SUITES for c in cats if c != "irrelevance"]
-  keys += [f"irrelevance.{s}" for s in exp.SUITES] + ["wer.clean", "worst_factor"]
+  keys += [f"irrelevance.{s}" for s in exp.SUITES] + ["wer.clean", "worst_factor", "true_audio.cut"]
   keys += [f"{m}.{p}" for p in exp.PRESETS["smoke"].perturbations for m in ("wer", "ast_accuracy.text_audio")]
   keys += [f"failures.{s}.{k}" for s, k in itertools.product(exp.SUITES, exp.FAILURES)]
   assert not [k for k in keys if k not in res]
@@ -232,7 +232,7 @@ def test_smoke_preset_from_the_cli_writes_the_keys(tmp_path):
     (dict(categories=("simple", "weather")), "unknown category 'weather'; expected names from"),
     (dict(perturbations=("purple_10db",)), "unknown perturbation 'purple_10db'; expected"),
     (dict(perturbations=("rate_0",)), "rate percent must be positive"),
-    (dict(suites=("true_audio",)), "unknown suite 'true_audio'"),
+    (dict(suites=("audio",)), "unknown suite 'audio'"),
     (dict(n_per_category=0), "n_per_category must be >= 1, found 0"),
 ])
 def test_bad_config_is_a_one_line_error(kw, match):
