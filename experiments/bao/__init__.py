@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 
 from experiments import registry
-from experiments.bao.run import run
+from experiments.bao.pipeline import run
 from experiments.runner.claims import Claim
 
 GYMS = ("function", "telepathy", "turtle")
