@@ -107,7 +107,10 @@ def grpo(cfg, step, tx, params, policy, makes, reg: bao_lib.Regularizers, writer
   """`rl_iterations` GRPO iterations from `params` with turn-level advantages of the `reg`-penalized rewards."""
   credit = turns_lib.TurnCredit(gamma=cfg.gamma, credit=cfg.credit, score=cfg.score)
   state = state_lib.init_state(lambda _: params, tx, cfg.seed)
-  rng, key, curve = np.random.default_rng([cfg.seed, 11]), jax.random.PRNGKey(cfg.seed + 1), []
+  # the same training seeds and sampling keys for every method; minibatch order drawn apart from them
+  rng, order, key = np.random.default_rng([cfg.seed, 11]), np.random.default_rng([cfg.seed, 12]), \
+      jax.random.PRNGKey(cfg.seed + 1)
+  curve = []
   for it in range(cfg.rl_iterations):
     t0, eps, gids = time.time(), [], []
     for gi, (g, make) in enumerate(makes.items()):
@@ -119,7 +122,7 @@ def grpo(cfg, step, tx, params, policy, makes, reg: bao_lib.Regularizers, writer
     losses_ = []
     for _ in range(cfg.updates_per_batch):
       for batch in train.minibatches(eps, advs, cfg.minibatch, cfg.max_new_tokens, cfg.bucket,
-                                     cfg.max_len - cfg.max_new_tokens, rng):
+                                     cfg.max_len - cfg.max_new_tokens, order):
         state, m = step(state, batch)
         losses_.append(float(m["loss"]))
     pen = [sum(bao_lib.penalized_rewards([t.reward for t in e.turns], [t.user for t in e.turns],
