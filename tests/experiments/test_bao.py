@@ -138,6 +138,12 @@ def test_loss_batch_carries_userrl_advantages_of_the_penalized_rewards():
       assert batch["prompt"][row][batch["prompt_mask"][row] == 1].tolist() == turn.prompt
       row += 1
   assert batch["advantages"].shape[0] % 32 == 0 and not batch["completion_mask"][row:].any()
+  # minibatches: every turn exactly once, each batch exactly `size` rows
+  mbs = train.minibatches(eps, advs, 4, 16, 64, 400, np.random.default_rng(0))
+  assert all(m["tokens"].shape[0] == 4 for m in mbs)
+  seen = sorted((tuple(m["tokens"][i]), float(m["advantages"][i])) for m in mbs for i in range(4)
+                if m["completion_mask"][i].any())
+  assert seen == sorted((tuple(batch["tokens"][i]), float(batch["advantages"][i])) for i in range(row))
 
 
 def test_bao_update_moves_probability_to_fewer_user_turns_and_grpo_does_not():
