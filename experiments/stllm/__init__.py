@@ -98,8 +98,8 @@ class Config:
 
 PRESETS = {
     "smoke": Config(n_layers=1, aligner_layers=1),
-    # measured at load ~8 on 2 cores: ~2 min of rooms, ~1 min of LM, steps of 0.15-0.6 s (points_only ..
-    # stllm_aligner) at batch 24: ~10 min of training, ~2 min of compiling and decoding
+    # measured: 1313 s at nice 5 on 2 cores that three other runs kept at load ~8 (steps of 0.15-0.6 s from
+    # points_only to stllm_aligner at batch 24); batch 16 x 700 steps at lr 3e-3 took as long and trained worse
     "cpu": Config(room=rooms.RoomConfig(points_per_furniture=64, points_per_object=16, image_size=24),
                   d_model=64, n_layers=2, vit_width=32, patch=8, point_widths=(32, 64), point_centres=(64, 16),
                   n_latents=16, aligner_layers=2, n_train_rooms=1500, n_test_rooms=100, lm_rooms=4000,
