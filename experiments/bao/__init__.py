@@ -32,6 +32,13 @@ answered from memory at this scale. full preset: a chat policy by path (HF direc
 4B; the tool format in its system prompt, no pretraining), all of WordNet's entities, and an LM user simulator by
 path for telepathy and turtle (the gyms' own prompts).
 
+cpu run (1173 s wall on 2 shared cores at load 8-10): SFT with the reasoning text solves telepathy more often
+than the plain cold start (0.29 against 0.04) but function less (0.33 against 0.79: the small model garbles the
+longer replies). UserRL-GRPO lifts function to 0.96 (user rate 0.46); BAO's first update lowers its sampled score
+(0.50 -> 0.29), recovering to 0.35 by the sixth iteration, and ends at function 0.08 (user rate 0.11), telepathy
+0.25 (0.56) against UserRL's 0.13 (0.62), turtle 0.85 (0.35) against 1.00 (0.71): the telepathy claim holds, the
+function claim does not. The two methods also start from different warm starts, as the paper's do.
+
   python -m experiments run bao --preset cpu
   python -m experiments run bao --preset full --set policy=/path/to/Qwen3-1.7B --set user=/path/to/user_model
 """
