@@ -149,8 +149,8 @@ PRESETS = {
     "cpu": Config(),
     "full": Config(policy="REQUIRED: --set policy=/path/to/chat_model (HF directory or .gguf)",
                    user="scripted", entities="wordnet", entity_pool=0, max_len=4096, max_new_tokens=512, bucket=512,
-                   pretrain_steps=0, sft_episodes=2000, sft_steps=1000, batch=32, lr=1e-5, rl_iterations=200, prompts_per_gym=8,
-                   group=8, rl_lr=1e-6, think_budget=2048, eval_episodes=200),
+                   pretrain_steps=0, sft_episodes=2000, sft_steps=1000, batch=32, lr=1e-5, rl_iterations=200,
+                   prompts_per_gym=8, group=8, rl_lr=1e-6, think_budget=2048, eval_episodes=200),
 }
 
 
