@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from experiments import bfcl_audio as exp
+from experiments import registry
+from experiments.runner import claims as claims_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -264,3 +266,14 @@ def test_bucketed_generation_equals_unpadded_answers(items):
   want = [chat_models.answer(mcfg, params, tok, [chat_models.chat_ids(tok, r["user"], r["system"])], 5)[0][0]
           for r in reqs]
   assert got == want and all(got)
+
+
+def test_claims_need_a_real_drop_and_a_model_that_calls_functions():
+  claims = {c.id: c for c in registry.get("bfcl_audio").claims}
+  snr = {f"ast_accuracy.text_audio.snr_{d}db": v for d, v in zip((20, 10, 5, 0), (0.5, 0.4, 0.4, 0.1))}
+  assert claims_lib.holds(claims["snr_monotone"], snr) is True
+  assert claims_lib.holds(claims["snr_monotone"], dict.fromkeys(snr, 0.0)) is False  # flat at 0 is no fall
+  assert claims_lib.holds(claims["snr_monotone"], {**snr, "ast_accuracy.text_audio.snr_5db": 0.45}) is False
+  text = {"ast_accuracy.text.overall": 0.3, "ast_accuracy.text_audio.overall": 0.2}
+  assert claims_lib.holds(claims["text_beats_audio"], text) is True
+  assert claims_lib.holds(claims["text_beats_audio"], dict.fromkeys(text, 0.0)) is False  # never calls a function
