@@ -303,6 +303,19 @@ def _connected(params, inputs, features_BNE, cfg: Config):
   return connector(params["connector"], features_BNE, cfg.connector_activation, jnp.dtype(cfg.text.dtype))
 
 
+def _spliced(params, tokens_BT, inputs, features_BNE, cfg: Config):
+  """Splice mode's LM input [B, T, D], its placeholder mask [B, T] and the connected features (None without
+  inputs)."""
+  x = layers.embed(params["lm"]["embed"], tokens_BT, jnp.dtype(cfg.text.dtype))
+  mask = tokens_BT == cfg.placeholder_id
+  if inputs is None and features_BNE is None:
+    return x, mask, None
+  n = (features_BNE if features_BNE is not None else jax.tree.leaves(inputs)[0]).shape[0]
+  _check_count(mask, n, cfg)
+  feats = _connected(params, inputs, features_BNE, cfg)
+  return scatter(x, mask, feats), mask, feats
+
+
 def embed(params, tokens_BT, inputs, cfg: Config, *, features_BNE=None):
   """Splice mode's LM input [B, T, D]: the token embeddings with the connected features at the placeholders
   (the prompt embeddings `generate.sample(..., inputs_embeds_BTD=)` decodes from).
@@ -313,14 +326,7 @@ def embed(params, tokens_BT, inputs, cfg: Config, *, features_BNE=None):
   """
   if cfg.mode != "splice":
     raise ValueError(f"embed builds splice-mode inputs; this config's mode is {cfg.mode!r}")
-  tokens_BT = jnp.asarray(tokens_BT)
-  x = layers.embed(params["lm"]["embed"], tokens_BT, jnp.dtype(cfg.text.dtype))
-  if inputs is None and features_BNE is None:
-    return x
-  mask = tokens_BT == cfg.placeholder_id
-  n = (features_BNE if features_BNE is not None else jax.tree.leaves(inputs)[0]).shape[0]
-  _check_count(mask, n, cfg)
-  return scatter(x, mask, _connected(params, inputs, features_BNE, cfg))
+  return _spliced(params, jnp.asarray(tokens_BT), inputs, features_BNE, cfg)[0]
 
 
 def forward(params, tokens_BT, inputs, cfg: Config, *, attention_mask_BT=None, positions_BT=None,
@@ -338,19 +344,13 @@ def forward(params, tokens_BT, inputs, cfg: Config, *, attention_mask_BT=None, p
       skipped; its params may be absent).
   """
   tokens_BT = jnp.asarray(tokens_BT)
-  x = layers.embed(params["lm"]["embed"], tokens_BT, jnp.dtype(cfg.text.dtype))
-  feats = None
   if cfg.mode == "splice":
-    mask = tokens_BT == cfg.placeholder_id
-    if inputs is not None or features_BNE is not None:
-      n = (features_BNE if features_BNE is not None else jax.tree.leaves(inputs)[0]).shape[0]
-      _check_count(mask, n, cfg)
-      feats = _connected(params, inputs, features_BNE, cfg)
-      x = scatter(x, mask, feats)
+    x, mask, feats = _spliced(params, tokens_BT, inputs, features_BNE, cfg)
     out = tfm.forward(params["lm"], tokens_BT, cfg.text, inputs_embeds_BTD=x, attention_mask_BT=attention_mask_BT,
                       positions_BT=positions_BT, capture=capture, intervention=intervention, program=program)
     return Output(lm=out, feature_mask_BT=mask, features=feats)
-  b = tokens_BT.shape[0]
+  x = layers.embed(params["lm"]["embed"], tokens_BT, jnp.dtype(cfg.text.dtype))
+  b, feats = tokens_BT.shape[0], None
   latents = []
   if cfg.n_latents:
     latents.append(jnp.broadcast_to(params["latents"][None], (b,) + params["latents"].shape))
