@@ -81,6 +81,20 @@ def lm_loss_fn(cfg: tfm.Config, document_mask: bool = True) -> LossFn:
   return loss_fn
 
 
+def _placeholder_nll(logits_fn, placeholder_id: int, freeze: bool) -> LossFn:
+  """Next-token loss of `logits_fn(params, batch)` with placeholder targets (and those off `loss_mask`) skipped;
+  `freeze` stops gradients at every param but the connector's."""
+  def loss_fn(params, batch, rng):
+    del rng
+    if freeze:
+      params = {k: v if k == "connector" else jax.lax.stop_gradient(v) for k, v in params.items()}
+    mask = batch["targets"] != placeholder_id
+    if "loss_mask" in batch:
+      mask = mask & batch["loss_mask"].astype(bool)
+    return next_token_nll(logits_fn(params, batch), batch["targets"], mask)
+  return loss_fn
+
+
 def vlm_loss_fn(cfg: vlm.Config, freeze: bool = False) -> LossFn:
   """Next-token loss of `vlm.forward`: batch keys inputs, pixels, targets[, loss_mask]; image-token targets skipped.
 
@@ -89,16 +103,8 @@ def vlm_loss_fn(cfg: vlm.Config, freeze: bool = False) -> LossFn:
     freeze: stop gradients at the encoder's and the LM's params, so the backward pass computes only the
       connector's gradient (the others come back as zeros); use with `vlm.connector_only`.
   """
-  def loss_fn(params, batch, rng):
-    del rng
-    if freeze:
-      params = {k: v if k == "connector" else jax.lax.stop_gradient(v) for k, v in params.items()}
-    logits = vlm.forward(params, batch["inputs"], batch.get("pixels"), cfg).logits
-    mask = batch["targets"] != cfg.image_token_id
-    if "loss_mask" in batch:
-      mask = mask & batch["loss_mask"].astype(bool)
-    return next_token_nll(logits, batch["targets"], mask)
-  return loss_fn
+  return _placeholder_nll(lambda params, batch: vlm.forward(params, batch["inputs"], batch.get("pixels"), cfg).logits,
+                          cfg.image_token_id, freeze)
 
 
 def multimodal_loss_fn(cfg: multimodal.Config, freeze: bool = False) -> LossFn:
@@ -112,18 +118,9 @@ def multimodal_loss_fn(cfg: multimodal.Config, freeze: bool = False) -> LossFn:
   """
   if cfg.mode != "splice":
     raise ValueError(f"multimodal_loss_fn trains splice models; this config's mode is {cfg.mode!r}")
-
-  def loss_fn(params, batch, rng):
-    del rng
-    if freeze:
-      params = {k: v if k == "connector" else jax.lax.stop_gradient(v) for k, v in params.items()}
-    logits = multimodal.forward(params, batch["inputs"], batch.get("encoder_inputs"), cfg,
-                                features_BNE=batch.get("features")).logits
-    mask = batch["targets"] != cfg.placeholder_id
-    if "loss_mask" in batch:
-      mask = mask & batch["loss_mask"].astype(bool)
-    return next_token_nll(logits, batch["targets"], mask)
-  return loss_fn
+  return _placeholder_nll(lambda params, batch: multimodal.forward(
+      params, batch["inputs"], batch.get("encoder_inputs"), cfg, features_BNE=batch.get("features")).logits,
+      cfg.placeholder_id, freeze)
 
 
 def mdm_loss_fn(cfg: mdm.Config, eps: float = 1e-3) -> LossFn:
