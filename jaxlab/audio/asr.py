@@ -8,8 +8,8 @@ first, timestamps suppressed, greedy or beam search (patience 1, finished beams 
 Audio longer than 30 s is cut into consecutive 30 s windows of one log-mel spectrogram, each decoded on its own;
 the last window is filled with the spectrogram of silence (openai/whisper, transformers) or, with pad="zeros",
 with 0.0 features (faster-whisper); the two can give different words on the same clip. Decoding steps run
-over a fixed-size KV cache (greedy: the whole loop is one jitted lax.while_loop; beam search: one jitted step
-per token), so nothing recompiles per token.
+over a fixed-size KV cache (greedy: the whole token loop is one jitted lax.while_loop; beam search: one jitted
+step per token), so nothing recompiles per token.
 
 Axes: B batch (windows or beams), T tokens, V vocab, F mel bins, N frames.
 """
@@ -47,7 +47,7 @@ def _step(params, tokens_B, cache, cfg: whisper.Config):
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
 def _reorder(cache, parents_B):
-  return {k: (v if k == "index" else jnp.take(v, parents_B, axis=1)) for k, v in cache.items()}
+  return {k: (v if k == "index" else tuple(jnp.take(a, parents_B, axis=0) for a in v)) for k, v in cache.items()}
 
 
 def _mask(suppress, vocab: int) -> np.ndarray:
@@ -68,10 +68,13 @@ def _check_decode_args(cfg, mel_BFN, prompt, max_new_tokens):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "eot"))
-def _greedy_loop(params, mel_BFN, prompt_BT, sup_V, first_V, cfg: whisper.Config, max_new_tokens: int, eot: int):
-  logits, cache = _encode_and_prefill(params, mel_BFN, prompt_BT, cfg)
-  b = mel_BFN.shape[0]
-  tok = jnp.argmax(jnp.where(first_V, -jnp.inf, logits), axis=-1).astype(jnp.int32)
+def _greedy_loop(params, logits_BV, cache, sup_V, first_V, cfg: whisper.Config, max_new_tokens: int, eot: int):
+  # A program of its own, apart from the encoder: the cache then enters it in the layouts `whisper.init_cache`
+  # gives, which the step's matmuls read in place; inside one program XLA chose to transpose it every step.
+  b = logits_BV.shape[0]
+  dec = params["decoder"]
+  params = {**params, "decoder": {**dec, "layers": whisper.unstack_layers(dec["layers"], cfg.decoder_layers)}}
+  tok = jnp.argmax(jnp.where(first_V, -jnp.inf, logits_BV), axis=-1).astype(jnp.int32)
   out = jnp.full((b, max_new_tokens), eot, jnp.int32).at[:, 0].set(tok)
 
   def cond(c):
@@ -103,8 +106,8 @@ def greedy(params, cfg: whisper.Config, mel_BFN, prompt, eot: int, *, suppress=(
   sup = jnp.asarray(_mask(suppress, cfg.vocab_size))
   first = jnp.asarray(_mask(tuple(suppress) + tuple(begin_suppress), cfg.vocab_size))
   prompt_BT = jnp.asarray(np.tile(np.asarray(prompt, np.int32), (b, 1)))
-  out = np.asarray(_greedy_loop(params, jnp.asarray(mel_BFN, jnp.float32), prompt_BT, sup, first, cfg,
-                                max_new_tokens, int(eot)))
+  logits, cache = _encode_and_prefill(params, jnp.asarray(mel_BFN, jnp.float32), prompt_BT, cfg)
+  out = np.asarray(_greedy_loop(params, logits, cache, sup, first, cfg, max_new_tokens, int(eot)))
   return [[int(t) for t in row[:list(row).index(eot) if eot in row else len(row)]] for row in out]
 
 

@@ -159,9 +159,9 @@ def _heads(x_BTD, h):
   return x_BTD.reshape(b, t, h, d // h)
 
 
-def _self_attn(p, x_BTD, h, dt, mask=None):
+def _self_attn(p, x_BTD, h, dt):
   q, k, v = (_heads(layers.linear(p[n], x_BTD, dt), h) for n in "qkv")
-  a, _ = attn_lib.attention(q, k, v, mask)
+  a = attn_lib.blockwise_attention(q, k, v)
   return layers.linear(p["o"], a.reshape(x_BTD.shape), dt)
 
 
@@ -192,25 +192,32 @@ def encode(params, mel_BFT, cfg: Config):
 
 
 def cross_kv(params, enc_BAD, cfg: Config):
-  """Cross-attention keys and values of every decoder layer: (k, v) [L, B, A, H, K], computed once per audio."""
+  """Cross-attention keys and values of every decoder layer, (k, v) [L, B, H, K, A], computed once per audio:
+  the layout a decoding step's matmuls read in place (see `attention.attention(transposed=True)`)."""
   dt, h = jnp.dtype(cfg.dtype), cfg.decoder_heads
   ca = params["decoder"]["layers"]["cross_attn"]
 
   def one(pk, pv):
-    return _heads(layers.linear(pk, enc_BAD, dt), h), _heads(layers.linear(pv, enc_BAD, dt), h)
+    k_BAHK, v_BAHK = (_heads(layers.linear(w, enc_BAD, dt), h) for w in (pk, pv))
+    return k_BAHK.transpose(0, 2, 1, 3), v_BAHK.transpose(0, 2, 3, 1)
 
   return jax.vmap(one)(ca["k"], ca["v"])
 
 
 def init_cache(params, enc_BAD, cfg: Config, dtype=None) -> dict:
-  """A decoding cache for the encoder output: empty self-attention K/V of `max_target_positions` slots
-  ([L, B, S, H, K]), the cross-attention K/V, and `index`, the position of the next token."""
+  """A decoding cache for the encoder output: per decoder layer (tuples of L arrays) the self-attention K/V of
+  `max_target_positions` slots, empty, [B, H, K, S], and the cross-attention K/V [B, H, K, A]; `index`, the
+  position of the next token. Per-layer arrays, not one stacked array, so a decoding step reads each layer's
+  K/V in place instead of slicing (copying) it out of a stack every token."""
   dt = jnp.dtype(dtype or cfg.dtype)
   b, h = enc_BAD.shape[0], cfg.decoder_heads
-  shape = (cfg.decoder_layers, b, cfg.max_target_positions, h, cfg.d_model // h)
+  s, k = cfg.max_target_positions, cfg.d_model // h
   ck, cv = cross_kv(params, enc_BAD, cfg)
-  return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt), "cross_k": ck.astype(dt),
-          "cross_v": cv.astype(dt), "index": jnp.zeros((), jnp.int32)}
+  n = cfg.decoder_layers
+  return {"k": tuple(jnp.zeros((b, h, s, k), dt) for _ in range(n)),
+          "v": tuple(jnp.zeros((b, h, k, s), dt) for _ in range(n)),
+          "cross_k": tuple(ck[i].astype(dt) for i in range(n)), "cross_v": tuple(cv[i].astype(dt) for i in range(n)),
+          "index": jnp.zeros((), jnp.int32)}
 
 
 def _embed_tokens(p, tokens_BT, start, dt):
@@ -219,15 +226,16 @@ def _embed_tokens(p, tokens_BT, start, dt):
   return layers.embed(p["embed"], tokens_BT, dt) + pos.astype(dt)[None]
 
 
-def _decoder_layer(lp, x, k_BSHK, v_BSHK, ck, cv, mask_BTS, cfg: Config, dt):
+def _decoder_layer(lp, x, k, v, ck_BHKA, cv_BHKA, mask_BTS, cfg: Config, dt, cached: bool):
+  """One decoder block; self-attention keys and values are [B, S, H, K], or [B, H, K, S] if cached."""
   h, eps = cfg.decoder_heads, cfg.norm_eps
   y = layers.layer_norm(lp["attn_norm"], x, eps)
   q = _heads(layers.linear(lp["attn"]["q"], y, dt), h)
-  a, _ = attn_lib.attention(q, k_BSHK, v_BSHK, mask_BTS)
+  a, _ = attn_lib.attention(q, k, v, mask_BTS, transposed=cached)
   x = x + layers.linear(lp["attn"]["o"], a.reshape(x.shape), dt)
   y = layers.layer_norm(lp["cross_norm"], x, eps)
   q = _heads(layers.linear(lp["cross_attn"]["q"], y, dt), h)
-  a, _ = attn_lib.attention(q, ck, cv)
+  a, _ = attn_lib.attention(q, ck_BHKA, cv_BHKA, transposed=True)
   x = x + layers.linear(lp["cross_attn"]["o"], a.reshape(x.shape), dt)
   return x + _mlp(lp["mlp"], layers.layer_norm(lp["mlp_norm"], x, eps), dt)
 
@@ -237,31 +245,39 @@ def _logits(p, x, cfg: Config):
   return layers.unembed(p["embed"], x, jnp.float32)
 
 
+def unstack_layers(layers_p, n: int) -> tuple:
+  """The n per-layer trees of a stacked layer tree (for `decode`, which also takes decoder params whose "layers"
+  are unstacked once, outside a token loop, so the loop does not slice them out of the stack every step)."""
+  return tuple(jax.tree.map(lambda a: a[i], layers_p) for i in range(n))
+
+
 def decode(params, tokens_BT, cache: dict, cfg: Config):
   """Runs tokens at positions cache["index"] ... + T against the cache: (logits [B, T, V] fp32, new cache).
 
   Writes their self-attention K/V into the fixed-size cache, so every call with the same T compiles once.
+  The layers are unrolled (not scanned): under a token loop, a scan would copy each layer's weights and cache
+  out of their stacks on every step, which costs more than the step's arithmetic.
   """
   dt, p, h = jnp.dtype(cfg.dtype), params["decoder"], cfg.decoder_heads
   b, t = tokens_BT.shape
   start = cache["index"]
   x = _embed_tokens(p, tokens_BT, start, dt)
-  s = cache["k"].shape[2]
+  s = cache["v"][0].shape[3]
   q_pos = start + jnp.arange(t)
   mask = (jnp.arange(s)[None, :] <= q_pos[:, None])[None]
   z = jnp.zeros((), jnp.int32)
-
-  def body(x, xs):
-    lp, k_c, v_c, ck, cv = xs
+  ks, vs = [], []
+  per_layer = p["layers"] if isinstance(p["layers"], (tuple, list)) else unstack_layers(p["layers"], cfg.decoder_layers)
+  for i, lp in enumerate(per_layer):
     y = layers.layer_norm(lp["attn_norm"], x, cfg.norm_eps)
-    k_new = _heads(layers.linear(lp["attn"]["k"], y, dt), h).astype(k_c.dtype)
-    v_new = _heads(layers.linear(lp["attn"]["v"], y, dt), h).astype(v_c.dtype)
-    k_c = jax.lax.dynamic_update_slice(k_c, k_new, (z, start, z, z))
-    v_c = jax.lax.dynamic_update_slice(v_c, v_new, (z, start, z, z))
-    return _decoder_layer(lp, x, k_c, v_c, ck, cv, mask, cfg, dt), (k_c, v_c)
-
-  x, (k, v) = jax.lax.scan(body, x, (p["layers"], cache["k"], cache["v"], cache["cross_k"], cache["cross_v"]))
-  return _logits(p, x, cfg), {**cache, "k": k, "v": v, "index": start + t}
+    k_new, v_new = (_heads(layers.linear(lp["attn"][n], y, dt), h) for n in "kv")
+    ks.append(jax.lax.dynamic_update_slice(cache["k"][i], k_new.transpose(0, 2, 1, 3).astype(cache["k"][i].dtype),
+                                           (z, z, start, z)))
+    vs.append(jax.lax.dynamic_update_slice(cache["v"][i], v_new.transpose(0, 2, 3, 1).astype(cache["v"][i].dtype),
+                                           (z, z, z, start)))
+    x = _decoder_layer(lp, x, ks[i], vs[i], cache["cross_k"][i], cache["cross_v"][i], mask, cfg, dt,
+                       cached=True)
+  return _logits(p, x, cfg), {**cache, "k": tuple(ks), "v": tuple(vs), "index": start + t}
 
 
 def forward(params, mel_BFT, tokens_BT, cfg: Config):
@@ -280,7 +296,7 @@ def forward(params, mel_BFT, tokens_BT, cfg: Config):
     lp, k_c, v_c = xs
     y = layers.layer_norm(lp["attn_norm"], x, cfg.norm_eps)
     k, v = (_heads(layers.linear(lp["attn"][n], y, dt), h) for n in "kv")
-    return _decoder_layer(lp, x, k, v, k_c, v_c, mask, cfg, dt), None
+    return _decoder_layer(lp, x, k, v, k_c, v_c, mask, cfg, dt, cached=False), None
 
   x, _ = jax.lax.scan(body, x, (p["layers"], ck, cv))
   return _logits(p, x, cfg)

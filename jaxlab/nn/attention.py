@@ -24,22 +24,26 @@ def causal_mask(q_pos_BT, k_pos_BS, window: int | None = None):
 
 
 def attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS=None, *, scale: float | None = None,
-              weights_hook: Callable | None = None, heads_major: bool = False):
+              weights_hook: Callable | None = None, heads_major: bool = False, transposed: bool = False):
   """Returns (out [B,T,H,K], weights [B,H,T,S] fp32).
 
   Args:
     mask_BTS: boolean [B, T, S] (or broadcastable), True where attention is allowed; None = all allowed.
     weights_hook: optional fn(weights_BHTS) -> weights_BHTS applied after the softmax (interventions).
     heads_major: keys and values are given as [B, G, S, K] (a cache slot) instead of [B, S, G, K].
+    transposed: keys and values are given as [B, G, K, S], the layout XLA's CPU matmuls read in place when a
+      few queries attend to many keys (a decoding step); any other layout is transposed (copied) first.
   """
   b, t, h, k = q_BTHK.shape
-  g, s = (k_BSGK.shape[1], k_BSGK.shape[2]) if heads_major else (k_BSGK.shape[2], k_BSGK.shape[1])
+  g = k_BSGK.shape[1] if heads_major or transposed else k_BSGK.shape[2]
+  s = k_BSGK.shape[2] if heads_major or transposed else k_BSGK.shape[1]
   if h % g:
     raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({g})")
-  kv = "bgsk" if heads_major else "bsgk"
+  kv = "bgks" if transposed else "bgsk" if heads_major else "bsgk"
   scale = k ** -0.5 if scale is None else scale
   q = q_BTHK.reshape(b, t, g, h // g, k)
-  logits = jnp.einsum(f"btgrk,{kv}->bgrts", q, k_BSGK, preferred_element_type=jnp.float32) * scale
+  logits = jnp.einsum(f"btgrk,{'bgsk' if transposed else kv}->bgrts", q, k_BSGK,
+                      preferred_element_type=jnp.float32) * scale
   if mask_BTS is not None:
     m = jnp.broadcast_to(mask_BTS, (b, t, s))[:, None, None]
     logits = jnp.where(m, logits, NEG_INF)
@@ -52,6 +56,32 @@ def attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS=None, *, scale: float | None = No
   wg = w.reshape(b, g, h // g, t, -1).astype(v_BSGK.dtype)
   out = jnp.einsum(f"bgrts,{kv}->btgrk", wg, v_BSGK).reshape(b, t, h, k)
   return out, w
+
+
+def blockwise_attention(q_BTHK, k_BSGK, v_BSGK, *, block: int = 128, scale: float | None = None):
+  """Unmasked attention [B, T, H, K], the same softmax as `attention`, computed `block` queries at a time.
+
+  Each step of a lax.map holds one [B, H, block, S] score tile instead of all [B, H, T, S] at once, so for long
+  sequences (Whisper's 1500 encoder frames) the scores stay in cache: on CPU about 3x faster than `attention`.
+  Queries are zero-padded to a multiple of `block`; the padded rows are dropped. Grouped KV heads are repeated.
+  """
+  b, t, h, d = q_BTHK.shape
+  g = k_BSGK.shape[2]
+  if h % g:
+    raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({g})")
+  scale = d ** -0.5 if scale is None else scale
+  n = -(-t // block)
+  q = jnp.pad(q_BTHK * jnp.asarray(scale, q_BTHK.dtype), ((0, 0), (0, n * block - t), (0, 0), (0, 0)))
+  q_NBHCK = q.reshape(b, n, block, h, d).transpose(1, 0, 3, 2, 4)
+  k_BHKS = jnp.repeat(k_BSGK, h // g, axis=2).transpose(0, 2, 3, 1)  # transposed once, not per block
+  v_BHSK = jnp.swapaxes(jnp.repeat(v_BSGK, h // g, axis=2), 1, 2)
+
+  def one(q_BHCK):
+    s = jnp.einsum("bhck,bhks->bhcs", q_BHCK, k_BHKS, preferred_element_type=jnp.float32)
+    return jnp.einsum("bhcs,bhsk->bhck", jax.nn.softmax(s, axis=-1).astype(v_BHSK.dtype), v_BHSK)
+
+  o_NBHCK = jax.lax.map(one, q_NBHCK)
+  return o_NBHCK.transpose(1, 0, 3, 2, 4).reshape(b, n * block, h, d)[:, :t]
 
 
 def init_cache(n_slots: int, batch: int, max_len: int, kv_heads: int, head_dim: int, dtype=jnp.float32):

@@ -106,6 +106,11 @@ def test_cached_decoding_equals_full_recompute():
     got.append(np.asarray(logits))
   assert step._cache_size() == 2  # one compile for the prefill, one for every later token
   np.testing.assert_allclose(np.concatenate(got, axis=1), full, atol=1e-4, rtol=1e-4)
+  # decoder layers unstacked once (as the greedy loop passes them) give the same step
+  dec = params["decoder"]
+  unstacked = {**params, "decoder": {**dec, "layers": whisper.unstack_layers(dec["layers"], CFG.decoder_layers)}}
+  cache = whisper.init_cache(params, whisper.encode(params, mel, CFG), CFG)
+  np.testing.assert_allclose(np.asarray(step(unstacked, tokens[:, :4], cache, CFG)[0]), got[0], atol=1e-5)
 
 
 def test_save_then_transformers_load(tmp_path):
