@@ -5,9 +5,10 @@ Encoder: two conv1d (kernel 3, the second with stride 2) each followed by exact 
 positions, then pre-LN blocks (LN -> self-attention, LN -> GELU MLP) and a final LayerNorm. Decoder: token
 embeddings plus learned positions, pre-LN blocks with causal self-attention, cross-attention to the encoder
 output and an MLP, a final LayerNorm and logits against the tied token embedding. Keys carry no bias (as
-released). Blocks are stacked on a leading `layers` axis under lax.scan. Incremental decoding keeps a fixed-size
+released). Blocks are stacked on a leading `layers` axis, scanned in the encoder and in teacher-forced decoding;
+the encoder's self-attention runs blockwise over query tiles. Incremental decoding keeps a fixed-size
 self-attention cache (so one compiled step serves every position) and the cross-attention K/V, computed once
-per audio by `init_cache`.
+per audio by `init_cache`, per layer, and unrolls the decoder layers.
 
 Axes: B batch, F mel bins, T frames / decoder positions, S keys, D model, H heads, K head dim, L layers,
 V vocab, W conv width, A encoder positions.
@@ -192,8 +193,8 @@ def encode(params, mel_BFT, cfg: Config):
 
 
 def cross_kv(params, enc_BAD, cfg: Config):
-  """Cross-attention keys and values of every decoder layer, (k, v) [L, B, H, K, A], computed once per audio:
-  the layout a decoding step's matmuls read in place (see `attention.attention(transposed=True)`)."""
+  """Cross-attention keys [L, B, H, A, K] and values [L, B, H, K, A] of every decoder layer, computed once per
+  audio: the layouts a decoding step's matmuls read in place (see `attention.attention(transposed=True)`)."""
   dt, h = jnp.dtype(cfg.dtype), cfg.decoder_heads
   ca = params["decoder"]["layers"]["cross_attn"]
 
@@ -206,9 +207,10 @@ def cross_kv(params, enc_BAD, cfg: Config):
 
 def init_cache(params, enc_BAD, cfg: Config, dtype=None) -> dict:
   """A decoding cache for the encoder output: per decoder layer (tuples of L arrays) the self-attention K/V of
-  `max_target_positions` slots, empty, [B, H, K, S], and the cross-attention K/V [B, H, K, A]; `index`, the
-  position of the next token. Per-layer arrays, not one stacked array, so a decoding step reads each layer's
-  K/V in place instead of slicing (copying) it out of a stack every token."""
+  `max_target_positions` slots, empty (keys [B, H, S, K], values [B, H, K, S]), and the cross-attention keys
+  [B, H, A, K] and values [B, H, K, A]; `index`, the position of the next token. Per-layer arrays, not one
+  stacked array, so a decoding step reads each layer's K/V in place instead of slicing (copying) it out of a
+  stack every token."""
   dt = jnp.dtype(dtype or cfg.dtype)
   b, h = enc_BAD.shape[0], cfg.decoder_heads
   s, k = cfg.max_target_positions, cfg.d_model // h
@@ -226,8 +228,9 @@ def _embed_tokens(p, tokens_BT, start, dt):
   return layers.embed(p["embed"], tokens_BT, dt) + pos.astype(dt)[None]
 
 
-def _decoder_layer(lp, x, k, v, ck_BHKA, cv_BHKA, mask_BTS, cfg: Config, dt, cached: bool):
-  """One decoder block; self-attention keys and values are [B, S, H, K], or [B, H, K, S] if cached."""
+def _decoder_layer(lp, x, k, v, ck_BHAK, cv_BHKA, mask_BTS, cfg: Config, dt, cached: bool):
+  """One decoder block; self-attention keys and values are [B, S, H, K], or if cached keys [B, H, S, K] and
+  values [B, H, K, S]."""
   h, eps = cfg.decoder_heads, cfg.norm_eps
   y = layers.layer_norm(lp["attn_norm"], x, eps)
   q = _heads(layers.linear(lp["attn"]["q"], y, dt), h)
@@ -235,7 +238,7 @@ def _decoder_layer(lp, x, k, v, ck_BHKA, cv_BHKA, mask_BTS, cfg: Config, dt, cac
   x = x + layers.linear(lp["attn"]["o"], a.reshape(x.shape), dt)
   y = layers.layer_norm(lp["cross_norm"], x, eps)
   q = _heads(layers.linear(lp["cross_attn"]["q"], y, dt), h)
-  a, _ = attn_lib.attention(q, ck_BHKA, cv_BHKA, transposed=True)
+  a, _ = attn_lib.attention(q, ck_BHAK, cv_BHKA, transposed=True)
   x = x + layers.linear(lp["cross_attn"]["o"], a.reshape(x.shape), dt)
   return x + _mlp(lp["mlp"], layers.layer_norm(lp["mlp_norm"], x, eps), dt)
 

@@ -31,19 +31,19 @@ def attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS=None, *, scale: float | None = No
     mask_BTS: boolean [B, T, S] (or broadcastable), True where attention is allowed; None = all allowed.
     weights_hook: optional fn(weights_BHTS) -> weights_BHTS applied after the softmax (interventions).
     heads_major: keys and values are given as [B, G, S, K] (a cache slot) instead of [B, S, G, K].
-    transposed: keys and values are given as [B, G, K, S], the layout XLA's CPU matmuls read in place when a
-      few queries attend to many keys (a decoding step); any other layout is transposed (copied) first.
+    transposed: keys are given as [B, G, S, K] and values as [B, G, K, S]: the layouts XLA's CPU matmuls read
+      in place when a few queries attend to many keys (a decoding step); other layouts get copied every call.
   """
   b, t, h, k = q_BTHK.shape
   g = k_BSGK.shape[1] if heads_major or transposed else k_BSGK.shape[2]
   s = k_BSGK.shape[2] if heads_major or transposed else k_BSGK.shape[1]
   if h % g:
     raise ValueError(f"query heads ({h}) must be a multiple of kv heads ({g})")
-  kv = "bgks" if transposed else "bgsk" if heads_major else "bsgk"
+  ks = "bgsk" if heads_major or transposed else "bsgk"
+  vs = "bgks" if transposed else ks
   scale = k ** -0.5 if scale is None else scale
   q = q_BTHK.reshape(b, t, g, h // g, k)
-  logits = jnp.einsum(f"btgrk,{'bgsk' if transposed else kv}->bgrts", q, k_BSGK,
-                      preferred_element_type=jnp.float32) * scale
+  logits = jnp.einsum(f"btgrk,{ks}->bgrts", q, k_BSGK, preferred_element_type=jnp.float32) * scale
   if mask_BTS is not None:
     m = jnp.broadcast_to(mask_BTS, (b, t, s))[:, None, None]
     logits = jnp.where(m, logits, NEG_INF)
@@ -54,7 +54,7 @@ def attention(q_BTHK, k_BSGK, v_BSGK, mask_BTS=None, *, scale: float | None = No
   if weights_hook is not None:
     w = weights_hook(w)
   wg = w.reshape(b, g, h // g, t, -1).astype(v_BSGK.dtype)
-  out = jnp.einsum(f"bgrts,{kv}->btgrk", wg, v_BSGK).reshape(b, t, h, k)
+  out = jnp.einsum(f"bgrts,{vs}->btgrk", wg, v_BSGK).reshape(b, t, h, k)
   return out, w
 
 
