@@ -11,6 +11,14 @@ The LLM gets BFCL's own prompt-style system prompt (the wheel's `formulate_syste
 format: Python call syntax, JSON function docs), read from the installed wheel at run time; its output is decoded
 by `jaxlab.evals.bfcl.decode` and scored by `ast_check` / `relevance_check` in leaderboard mode.
 
+Multi-turn (`multi_turn.py`; text and text_audio, for the categories in `multi_turn_categories`: multi_turn_base,
+multi_turn_miss_func, multi_turn_miss_param, multi_turn_long_context): BFCL v4's conversations with stateful APIs,
+played as the leaderboard's prompt-style handler plays them (each step's calls run on the entry's API instances and
+their results come back as tool messages; a turn that calls in more than `multi_turn_max_steps` steps is forced to
+quit) and scored by `jaxlab.evals.bfcl_multi_turn.check`. In text_audio each user turn is spoken clean (seeded by
+entry and turn) and its transcript is the user message; the turns that add held-out functions (miss_func) are not
+spoken.
+
 Perturbations (text_audio, on the first `n_perturb` items of each AST category), each seeded per clip and
 recorded in clips.jsonl: `<white|pink|babble>_<snr>db` (noise mixed at that SNR), `rate_<percent>` (speaking
 rate), `disfluency` (fillers, repetitions, corrected false starts; argument values kept intact) and `homophones`
@@ -28,7 +36,11 @@ first and last tenth of logged steps); wer.clean,
 wer.<perturbation>, ast_accuracy.text_audio.clean (the perturbed items, clean),
 ast_accuracy.text_audio.<perturbation>, ast_accuracy.text_audio.snr_<s>db and wer.snr_<s>db (mean over noise
 kinds), drop.<factor> (clean minus the mean over the factor's perturbations; factors: noise kinds, rate,
-disfluency, homophones), worst_factor (its name) and worst_factor.drop, failures.<suite>.<kind> counts.
+disfluency, homophones), worst_factor (its name) and worst_factor.drop, failures.<suite>.<kind> counts;
+multi-turn: multi_turn_accuracy.<suite>.<category>, multi_turn_accuracy.<suite>.overall (entries pooled),
+multi_turn_failures.<suite>.<error> counts (`multi_turn.ERRORS`: force_terminated, empty_turn_model_response,
+instance_state_mismatch, execution_response_mismatch) and wer.multi_turn (text_audio's spoken turns); one record per
+entry and suite in multi_turn.jsonl (every step's output, decoded calls and results; text_audio's clips).
 
 cpu preset (8 entries per category, 2 per AST category under each of 12 perturbations, 132 BFCL generations of
 64 tokens, a connector aligned for 40 steps of 4 on 128 clips): 1432 s of user CPU time, 51 min wall on two
@@ -37,7 +49,11 @@ format_error in every suite and irrelevance is 1.0 by never calling; what this s
 side (WER 0.24 clean, 0.27 / 0.44 / 0.78 / 2.40 at 20 / 10 / 5 / 0 dB) and the connector (alignment loss 4.2
 -> 3.0; the LLM's repetition of the heard request has WER 0.97: it speaks BFCL-like requests, not the one heard).
 
-Not here: the multi-turn suite.
+The multi-turn suite is off in smoke and cpu: its prompts carry the docs of every function of the entry's classes,
+4-8k SmolLM2 tokens, and one generation takes ~80 s at 4.2k tokens and ~300 s at 7.8k on two cores; the first
+multi_turn_base entry (7.8k, four turns) took 19 min in the text suite, every turn answered in prose
+(empty_turn_model_response). Opt in with --set multi_turn_categories=multi_turn_base (1 entry per category, step
+limit 4); full plays every entry of the four categories with the leaderboard's step limit, 20.
 
   python -m experiments run bfcl_audio --preset smoke
   python -m experiments run bfcl_audio --preset cpu
@@ -54,10 +70,12 @@ import string
 import numpy as np
 
 from experiments import registry
+from experiments.bfcl_audio import multi_turn
 from experiments.bfcl_audio.speech import clip_seed, make_clip, parse_perturbation  # noqa: F401  (this API)
 from experiments.runner.claims import Claim
 from jaxlab.audio import perturb
 from jaxlab.evals import bfcl
+from jaxlab.evals.bfcl import system_prompt
 
 CATEGORIES = {"simple": "simple_python", "multiple": "multiple", "parallel": "parallel",
               "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance", "live_simple": "live_simple",
@@ -93,6 +111,11 @@ class Config:
   align_batch: int = 4
   align_lr: float = 2e-3
   align_max_tokens: int = 32
+  # the multi-turn suite (multi_turn.py; text and text_audio): the first `n_multi_turn` entries of each category,
+  # and the step limit (a turn that calls in more steps than this is forced to quit; the leaderboard's is 20)
+  multi_turn_categories: tuple[str, ...] = ()
+  n_multi_turn: int = 1
+  multi_turn_max_steps: int = 4
 
   def __post_init__(self):
     bad = [c for c in self.categories if c not in CATEGORIES]
@@ -101,10 +124,13 @@ class Config:
     bad = [s for s in self.suites if s not in SUITES]
     if not self.suites or bad:
       raise ValueError(f"unknown suite {bad[0] if bad else None!r}; expected names from {SUITES}")
+    bad = [c for c in self.multi_turn_categories if c not in multi_turn.CATEGORIES]
+    if bad:
+      raise ValueError(f"unknown multi_turn category {bad[0]!r}; expected names from {multi_turn.CATEGORIES}")
     for p in self.perturbations:
       parse_perturbation(p)
     for name in ("n_per_category", "max_new_tokens", "batch_size", "audio_tokens", "audio_pool", "align_clips",
-                 "align_batch", "align_max_tokens"):
+                 "align_batch", "align_max_tokens", "n_multi_turn", "multi_turn_max_steps"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, found {getattr(self, name)}")
     for name in ("n_perturb", "align_steps"):
@@ -124,7 +150,8 @@ PRESETS = {
     "cpu": Config(),
     "full": Config(categories=tuple(CATEGORIES), n_per_category=100000, n_perturb=50, max_new_tokens=256,
                    audio_tokens=64, audio_pool=16, align_clips=100000, align_steps=2000, align_batch=32,
-                   align_lr=1e-3, align_max_tokens=96,
+                   align_lr=1e-3, align_max_tokens=96, multi_turn_categories=multi_turn.CATEGORIES,
+                   n_multi_turn=100000, multi_turn_max_steps=20,
                    perturbations=tuple(f"{k}_{s}db" for k in perturb.NOISE_KINDS for s in (20, 10, 5, 0))
                    + ("rate_70", "rate_150", "disfluency", "homophones")),
 }
@@ -148,14 +175,6 @@ def load_items(categories, n: int) -> list[dict]:
                     "ground_truth": answers[q["id"]]["ground_truth"] if q["id"] in answers else None,
                     "text": users[-1]["content"]})
   return items
-
-
-def system_prompt(functions) -> str:
-  """BFCL's default prompt-style system prompt, from the installed wheel."""
-  bfcl.require_bfcl_eval()
-  from bfcl_eval.constants.default_prompts import DEFAULT_SYSTEM_PROMPT_FORMAT
-  from bfcl_eval.model_handler.utils import formulate_system_prompt
-  return formulate_system_prompt(DEFAULT_SYSTEM_PROMPT_FORMAT, functions)
 
 
 def request(item: dict, user_text: str) -> dict:
@@ -324,6 +343,58 @@ def run_audio(cfg: Config, groups, transcribe, generate) -> list[list[dict]]:
   return out
 
 
+# ---- multi-turn ----
+
+def hear_turns(cfg: Config, entry: dict, transcribe) -> tuple[list, list]:
+  """The entry's user turns as text_audio's LLM reads them: each spoken clean (seeded by entry and turn) and
+  transcribed, held-out turns None; and each turn's clip record (with its transcript)."""
+  heard, clips = [], []
+  for t, text in enumerate(entry["texts"]):
+    if text is None:
+      heard.append(None)
+      clips.append(None)
+      continue
+    turn = {"id": f"{entry['id']}/turn_{t}", "text": text, "ground_truth": None}
+    audio, meta = make_clip(turn, "clean", seed=cfg.seed, voice=cfg.voice)
+    heard.append(transcribe(audio))
+    clips.append(dict(meta, transcript=heard[-1]))
+  return heard, clips
+
+
+def _summarize_multi_turn(suite: str, scored, res: dict) -> None:
+  by_cat = collections.defaultdict(list)
+  for s in scored:
+    by_cat[s["category"]].append(s["valid"])
+  for c, vs in by_cat.items():
+    res[f"multi_turn_accuracy.{suite}.{c}"] = float(np.mean(vs))
+  res[f"multi_turn_accuracy.{suite}.overall"] = float(np.mean([s["valid"] for s in scored]))
+  counts = collections.Counter(s["error_type"].removeprefix("multi_turn:") for s in scored if not s["valid"])
+  for k in multi_turn.ERRORS:
+    res[f"multi_turn_failures.{suite}.{k}"] = int(counts[k])
+
+
+def run_multi_turn(cfg: Config, out_dir: str, generate_chat, transcribe, res: dict) -> list[dict]:
+  """The multi-turn suite under text and text_audio (those of cfg.suites), with `generate_chat(message_lists) ->
+  texts`; results into `res`, one record per entry and suite in multi_turn.jsonl; returns metrics rows."""
+  entries = multi_turn.load_multi_turn(cfg.multi_turn_categories, cfg.n_multi_turn)
+  rows, metrics = [], []
+  for suite in [s for s in ("text", "text_audio") if s in cfg.suites]:
+    print(f"bfcl_audio: multi-turn {suite} ({len(entries)} entries)", flush=True)
+    if suite == "text":
+      texts, clips = [e["texts"] for e in entries], [None] * len(entries)
+    else:
+      texts, clips = zip(*[hear_turns(cfg, e, transcribe) for e in entries])
+      said = [(t, h) for e, hs in zip(entries, texts) for t, h in zip(e["texts"], hs) if t is not None]
+      res["wer.multi_turn"] = wer([t for t, _ in said], [h for _, h in said])
+    played = multi_turn.run_entries(entries, generate_chat, texts, cfg.multi_turn_max_steps)
+    scored = multi_turn.score_multi_turn(entries, played)
+    _summarize_multi_turn(suite, scored, res)
+    rows += [dict(s, suite=suite, clips=c) if c else dict(s, suite=suite) for s, c in zip(scored, clips)]
+    metrics.append({"suite": suite, "multi_turn_accuracy": res[f"multi_turn_accuracy.{suite}.overall"]})
+  _write_jsonl(os.path.join(out_dir, "multi_turn.jsonl"), rows)
+  return metrics
+
+
 # ---- models ----
 
 def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int = 128, *, loaded=None):
@@ -332,7 +403,8 @@ def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int
   batches of exactly `batch_size` rows (filler rows copy the batch's first), so a run compiles once per length
   bucket rather than once per batch.
 
-  `generate(requests, embed=None, max_new=None)`: with `embed(tokens_BT, features_BNE) -> embeds_BTD` the
+  `generate(requests, embed=None, max_new=None)`: a request is {system, history, user} or {messages} (a whole chat,
+  as the multi-turn suite sends it). With `embed(tokens_BT, features_BNE) -> embeds_BTD` the
   requests carry "features" [N, E], spliced into their prompts for the prefill (true_audio). Text prompts are
   prefilled from their looked-up embeddings too, so text and spliced prompts of a length share one compiled
   generation program.
@@ -346,7 +418,8 @@ def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int
   lookup = jax.jit(lambda t: layers.embed(params["embed"], t, np.dtype(mcfg.dtype)))
 
   def generate(requests, embed=None, max_new=None):
-    ids = [chat_ids(tok, r["user"], r["system"], r["history"]) for r in requests]
+    ids = [tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True) if "messages" in r
+           else chat_ids(tok, r["user"], r["system"], r["history"]) for r in requests]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out = [None] * len(ids)
     for s in range(0, len(order), batch_size):
@@ -398,9 +471,10 @@ def _write_jsonl(path, rows):
     f.writelines(json.dumps(r, default=str) + "\n" for r in rows)
 
 
-def run_with(cfg: Config, out_dir: str, generate, transcribe=None, speech_llm=None) -> dict:
+def run_with(cfg: Config, out_dir: str, generate, transcribe=None, speech_llm=None, generate_chat=None) -> dict:
   """The experiment with a given `generate(requests) -> texts`, `transcribe(audio_16k) -> text` and speech LLM
-  (`true_audio.SpeechLLM`: answer(requests, clips), repeat(clips, max_new_tokens), cut, record)."""
+  (`true_audio.SpeechLLM`: answer(requests, clips), repeat(clips, max_new_tokens), cut, record); the multi-turn
+  suite's `generate_chat(message_lists) -> texts` defaults to `generate` of {messages} requests."""
   items = load_items(cfg.categories, cfg.n_per_category)
   res: dict = {"items": len(items)}
   metrics = []
@@ -462,6 +536,9 @@ def run_with(cfg: Config, out_dir: str, generate, transcribe=None, speech_llm=No
       k = max(1, len(hist) // 10)
       res["connector.loss_first"], res["connector.loss_last"] = float(np.mean(hist[:k])), float(np.mean(hist[-k:]))
     _write_jsonl(os.path.join(out_dir, "true_audio.jsonl"), scored)
+  if cfg.multi_turn_categories and {"text", "text_audio"} & set(cfg.suites):
+    chat = generate_chat or (lambda chats: generate([{"messages": m} for m in chats]))
+    metrics += run_multi_turn(cfg, out_dir, chat, transcribe, res)
   _write_jsonl(os.path.join(out_dir, "metrics.jsonl"), metrics)
   return res
 
@@ -480,7 +557,12 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   if "true_audio" in cfg.suites:
     evaluated = {it["id"] for it in load_items(cfg.categories, cfg.n_per_category)}
     speech_llm = true_audio.build(cfg, loaded, asr_model, generate, out_dir, evaluated, resume)
-  return run_with(cfg, out_dir, generate, asr_model.transcribe if asr_model else None, speech_llm)
+  generate_chat = None
+  if cfg.multi_turn_categories:  # batches no wider than the entries played in lockstep (prompts are 4-8k tokens)
+    rows = min(cfg.batch_size, len(multi_turn.load_multi_turn(cfg.multi_turn_categories, cfg.n_multi_turn)))
+    chat = chat_generator(cfg.model, cfg.max_new_tokens, rows, loaded=loaded)
+    generate_chat = lambda chats: chat([{"messages": m} for m in chats])
+  return run_with(cfg, out_dir, generate, asr_model.transcribe if asr_model else None, speech_llm, generate_chat)
 
 
 registry.register(registry.Experiment(

@@ -626,6 +626,14 @@ def _read_jsonl(path: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def system_prompt(functions) -> str:
+  """BFCL's default prompt-style system prompt over `functions` (JSON docs), from the installed wheel."""
+  require_bfcl_eval()
+  from bfcl_eval.constants.default_prompts import DEFAULT_SYSTEM_PROMPT_FORMAT
+  from bfcl_eval.model_handler.utils import formulate_system_prompt
+  return formulate_system_prompt(DEFAULT_SYSTEM_PROMPT_FORMAT, functions)
+
+
 def load(category: str) -> tuple[list[dict], dict[str, dict]]:
   """The wheel's question entries of `category` and its possible answers by id (empty for (ir)relevance)."""
   known = AST_CATEGORIES + RELEVANCE_CATEGORIES + MULTI_TURN_CATEGORIES
