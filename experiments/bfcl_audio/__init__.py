@@ -51,9 +51,9 @@ side (WER 0.24 clean, 0.27 / 0.44 / 0.78 / 2.40 at 20 / 10 / 5 / 0 dB) and the c
 
 The multi-turn suite is off in smoke and cpu: its prompts carry the docs of every function of the entry's classes,
 4-8k SmolLM2 tokens, and one generation takes ~80 s at 4.2k tokens and ~300 s at 7.8k on two cores; the first
-multi_turn_base entry (7.8k, four turns) took 19 min in the text suite, every turn answered in prose
-(empty_turn_model_response). Opt in with --set multi_turn_categories=multi_turn_base (1 entry per category, step
-limit 4); full plays every entry of the four categories with the leaderboard's step limit, 20.
+multi_turn_base entry (7.8k, four turns) took 17-19 min per suite (11 GB resident), every turn answered in prose
+(empty_turn_model_response; wer.multi_turn 0.31). Opt in with --set multi_turn_categories=multi_turn_base (1 entry
+per category, step limit 4); full plays every entry of the four categories with the leaderboard's step limit, 20.
 
   python -m experiments run bfcl_audio --preset smoke
   python -m experiments run bfcl_audio --preset cpu
