@@ -6,8 +6,9 @@ timestamps, English, no VAD, each window decoded on its own, float32 on CPU. fas
 window as it always does; jaxlab is run with the same padding (pad="zeros"), so the transcripts can be compared.
 
 Reported: seconds per transcript for each (the best of `--repeats` timed rounds after one untimed run that
-compiles; each round runs every contender in turn, so load changes hit them alike), both transcripts, whether they agree, and `ratio.jaxlab_over_faster_whisper` (jaxlab seconds over
-faster-whisper seconds; below 1 means jaxlab is faster).
+compiles; each round runs every contender in turn, so load changes hit them alike), both transcripts, whether
+they agree, and `ratio.jaxlab_over_faster_whisper` (jaxlab seconds over faster-whisper seconds; below 1 means
+jaxlab is faster).
 
 With `--batch N`: N different clips (the first N of `SENTENCES`, each repeated to `--seconds`, under 30 s), per
 clip seconds of jaxlab one by one, jaxlab batched (`ASR.transcribe_batch`, all windows in one call), faster-whisper

@@ -559,7 +559,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     speech_llm = true_audio.build(cfg, loaded, asr_model, generate, out_dir, evaluated, resume)
   generate_chat = None
   if cfg.multi_turn_categories:  # batches no wider than the entries played in lockstep (prompts are 4-8k tokens)
-    rows = min(cfg.batch_size, len(multi_turn.load_multi_turn(cfg.multi_turn_categories, cfg.n_multi_turn)))
+    rows = min(cfg.batch_size, cfg.n_multi_turn * len(cfg.multi_turn_categories))
     chat = chat_generator(cfg.model, cfg.max_new_tokens, rows, loaded=loaded)
     generate_chat = lambda chats: chat([{"messages": m} for m in chats])
   return run_with(cfg, out_dir, generate, asr_model.transcribe if asr_model else None, speech_llm, generate_chat)
