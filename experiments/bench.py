@@ -34,7 +34,6 @@ def _model_cfg(name: str, dtype: str) -> tfm.Config:
 
 
 def _hf_model(cfg: tfm.Config, params, torch_dtype):
-  import torch
   import transformers
   from jaxlab import hf
   with tempfile.TemporaryDirectory() as d:
@@ -274,7 +273,7 @@ def bench_generate(argv) -> dict:
     out[f"b{b}_prompt_tokens"] = int(mask.sum())
     runs, tokens = {}, {}
     for m in modes:
-      runs[f"jax_{m}"] = lambda q=qparams[m]: np.asarray(
+      runs[f"jax_{m}"] = lambda q=qparams[m], prompt=prompt, mask=mask: np.asarray(
           sample(q, cfg, prompt, args.new_tokens, prompt_mask=mask).tokens)
     if hf_model is not None:
       import torch
@@ -284,7 +283,7 @@ def bench_generate(argv) -> dict:
 
       def hf_run():
         with torch.inference_mode():
-          return hf_model.generate(ids, **kw)[:, prompt.shape[1]:].numpy()
+          return hf_model.generate(ids, **kw)[:, prompt.shape[1]:].numpy()  # noqa: B023 (timed in this iteration)
       runs["hf"] = hf_run
     for name, fn in runs.items():  # compiles the jax programs
       t0 = time.perf_counter()
@@ -343,7 +342,7 @@ def bench_input(argv) -> dict:
     for t in threads:
       it = batches(t)
       next(it)  # reader threads started, prefetch buffer filling
-      times, _ = _timed(lambda: next(it), args.batches, 0)
+      times, _ = _timed(lambda it=it: next(it), args.batches, 0)
       rates[t].append(n_tok * args.batches / sum(times))  # a total: the window-shuffle buffer refills in bursts
   out.update({f"input_tokens_per_s.threads_{t}": max(r) for t, r in rates.items()})
   if args.loop_steps <= 0:

@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 
-import jax
 import numpy as np
 
 from experiments import registry

@@ -235,7 +235,7 @@ def alignment(base, full, adapters: dict, shapes: dict, configs: list[dict], lim
   errs = {c_key(c): [] for c in configs}
   cos = {m: [] for m in adapters}
   for path, i in _matrices(shapes, limit):
-    def mat(tree):
+    def mat(tree, path=path, i=i):
       w = np.asarray(jax.device_get(lora.get_path(tree, path)), np.float64)
       return w if i is None else w[i]
     w0 = mat(base)

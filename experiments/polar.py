@@ -337,7 +337,7 @@ def run_with_models(cfg: Config, out_dir: str, mcfg, params, tok, ecfg, eparams,
   rng = np.random.default_rng(cfg.seed)
   targets, shorter, wrong_full, corrected, records = [], [], 0, 0, []
   for qi, row in enumerate(train):
-    found = beam_search(lambda ps: scorer(row, ps), n_layers, cands, beam=cfg.beam, depth=cfg.depth,
+    found = beam_search(lambda ps, row=row: scorer(row, ps), n_layers, cands, beam=cfg.beam, depth=cfg.depth,
                         sample=cfg.candidates, rng=rng)
     full_right = found[tuple(range(n_layers))] > 0
     any_right = any(m > 0 for m in found.values())

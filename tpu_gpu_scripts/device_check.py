@@ -43,13 +43,14 @@ def spec_verify(small: bool) -> dict:
   out = {}
   for dt in ("float32", "bfloat16"):
     ks = jax.random.split(jax.random.PRNGKey(0), 6)
-    rnd = lambda key, shape: jax.random.normal(key, shape, jnp.float32).astype(dt)
+    rnd = lambda key, shape, dt=dt: jax.random.normal(key, shape, jnp.float32).astype(dt)
     branch = jax.random.randint(ks[5], (b, t), 0, nb).at[:, :nb].set(jnp.arange(nb))
     args = (rnd(ks[0], (b, t, h, k)), rnd(ks[1], (b, s, g, k)), rnd(ks[2], (b, s, g, k)), rnd(ks[3], (b, t, g, k)),
             rnd(ks[4], (b, t, g, k)), jnp.full((b,), s - 3, jnp.int32), branch)
     ref_fn = jax.jit(spec_verify_reference)
     err = jnp.max(jnp.abs(spec_verify_attention(*args).astype(jnp.float32) - ref_fn(*args).astype(jnp.float32)))
-    kern_s, ref_s = _best_s(lambda: spec_verify_attention(*args), 3), _best_s(lambda: ref_fn(*args), 3)
+    kern_s = _best_s(lambda args=args: spec_verify_attention(*args), 3)
+    ref_s = _best_s(lambda args=args, ref_fn=ref_fn: ref_fn(*args), 3)
     out.update({f"spec_verify_{dt}_kernel_s": kern_s, f"spec_verify_{dt}_reference_s": ref_s,
                 f"spec_verify_{dt}_speedup": ref_s / kern_s, f"spec_verify_{dt}_max_abs_err": float(err)})
   out["spec_verify_shape"] = dict(B=b, T=t, H=h, G=g, K=k, S=s, branches=nb)
@@ -109,7 +110,7 @@ def decode(small: bool) -> dict:
     q = quant.quantize(params, mode)
     for b in batches:
       prompt = np.random.default_rng(b).integers(0, cfg.vocab_size, (b, 16)).astype(np.int32)
-      run = lambda: sample(q, cfg, prompt, new).tokens
+      run = lambda q=q, prompt=prompt: sample(q, cfg, prompt, new).tokens
       t0 = time.perf_counter()
       tokens = np.asarray(run())
       out[f"decode_{mode}_b{b}_compile_s"] = time.perf_counter() - t0

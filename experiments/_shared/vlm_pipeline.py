@@ -142,7 +142,7 @@ def _vit_loss(vcfg: vit.Config, n_colour: int, n_shape: int):
     del rng
     h = vit.forward(params["vit"], batch["pixels"], vcfg).last_hidden_state[:, 1:]
     out = 0.0
-    for name, n in (("colour", n_colour), ("shape", n_shape)):
+    for name, _n in (("colour", n_colour), ("shape", n_shape)):
       logits = nn_layers.linear(params["head"][name], h).astype(jnp.float32)
       out = out + jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, batch[name]))
     return out, jnp.asarray(h.shape[0] * h.shape[1] * 2, jnp.float32)

@@ -61,7 +61,7 @@ def corpora(cfg, makes) -> dict:
   (expert SFT), seeds 0.. per gym."""
   out = {"random": [], "plain": [], "enhanced": []}
   for g, make in makes.items():
-    short = lambda g=g: agent.make_env(g, cfg.pretrain_turns, make().entities if g == "telepathy" else None)
+    short = lambda g=g, make=make: agent.make_env(g, cfg.pretrain_turns, make().entities if g == "telepathy" else None)
     out["random"] += [agent.random_episode(short, g, s) for s in range(cfg.pretrain_episodes)]
     for kind in ("plain", "enhanced"):
       out[kind] += [agent.expert_episode(make, g, s, kind == "enhanced") for s in range(cfg.sft_episodes)]

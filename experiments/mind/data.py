@@ -187,7 +187,7 @@ class Encoder:
     rationale (the target's first words) is the span MCA pools over."""
     inp, tgt, msk, span, anchor = [], [], [], [], []
     length = length or self._length(items)
-    for q, prompt, target, rationale, *loss in items:
+    for _q, prompt, target, rationale, *loss in items:
       i, t, m = self.row(prompt, target, length, *loss)
       s = np.zeros(length, np.int32)
       if rationale:

@@ -31,9 +31,10 @@ COMPARISONS = ("more", "less", "equal")
 WORDS = NUMBERS + ("how", "many", "objects", "are", "more", "than", "less", "equal", "to", "left", "right",
                    "above", "below", "of", "it", "so", "that", "makes", "no", "nothing", "first", "then",
                    "yes", "no", "answer", "hint", "given", "verdict", "correct", "wrong", "fix", "?")
+_SCENE_CFG = scenes_lib.SceneConfig()  # the default scene settings (frozen, so one shared instance)
 
 
-def vocabulary(cfg: scenes_lib.SceneConfig = scenes_lib.SceneConfig()) -> list[str]:
+def vocabulary(cfg: scenes_lib.SceneConfig = _SCENE_CFG) -> list[str]:
   """The scene vocabulary with the RAD words appended (existing ids unchanged)."""
   base = scenes_lib.vocabulary(cfg)
   return base + [w for w in dict.fromkeys(WORDS) if w not in base]
@@ -172,7 +173,7 @@ def _phrase_flaw(pos, objs, rng, slot: str):
     for off in rng.permutation(offs):
       choices = ({0: tuple(scenes_lib.COLOURS), 1: scenes_lib.SHAPES, 4: scenes_lib.ROWS, 5: scenes_lib.COLS}
                  [int(off)])
-      new = _flip_word(pos[j], choices, [i + int(off)], rng, lambda w: not _true_phrase(objs, w, i))
+      new = _flip_word(pos[j], choices, [i + int(off)], rng, lambda w, i=i: not _true_phrase(objs, w, i))
       if new is not None:
         return pos[:j] + (new,) + pos[j + 1:]
   return None
@@ -207,8 +208,8 @@ def _negatives(q_kind, positives, objs, rng, counts=None) -> tuple | None:
       p = next(i for i, w in enumerate(words) if w in scenes_lib.COLOURS or w in scenes_lib.SHAPES)
       n_stated = NUMBERS.index(next(w for w in words if w in NUMBERS))
       pool = tuple(scenes_lib.COLOURS) if words[p] in scenes_lib.COLOURS else scenes_lib.SHAPES
-      new = _flip_word(pos[j], pool, [p], rng, lambda w: sum(has(o, w[p]) for o in objs) != n_stated
-                       and w[p] not in counts)
+      new = _flip_word(pos[j], pool, [p], rng,
+                       lambda w, p=p, n=n_stated: sum(has(o, w[p]) for o in objs) != n and w[p] not in counts)
       neg = None if new is None else pos[:j] + (new,) + pos[j + 1:]
     elif flaw in ("wrong_attribute", "wrong_relation"):
       neg = _phrase_flaw(pos, objs, rng, flaw.split("_")[1])
@@ -265,7 +266,7 @@ def wrong_answer(q_kind: str, answer: str, rng) -> str:
 
 
 def generate(scenes: scenes_lib.Scenes, cfg: RadConfig = RadConfig(), seed: int = 0, hints: str = "none",
-             scene_cfg: scenes_lib.SceneConfig = scenes_lib.SceneConfig()) -> list[Question]:
+             scene_cfg: scenes_lib.SceneConfig = _SCENE_CFG) -> list[Question]:
   """One question per scene, kinds in turn.
 
   Args:

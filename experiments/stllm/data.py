@@ -75,7 +75,7 @@ class Rows:
       b = {"tokens": jnp.asarray(toks), "question_mask": jnp.asarray(self.question_mask(lengths)),
            **{k: jnp.asarray(v) for k, v in self._modal(np.asarray([self.data.questions[i].room for i in idx])).items()}}
       got = np.asarray(decode(params, b, jnp.asarray(lengths, jnp.int32), self.max_new))
-      for r, i in enumerate(idx[:min(batch, n - s)]):
+      for r, _i in enumerate(idx[:min(batch, n - s)]):
         gen = got[r, lengths[r]:lengths[r] + self.max_new].tolist()
         if self.tok.eos_id in gen:
           gen = gen[:gen.index(self.tok.eos_id)]

@@ -463,7 +463,7 @@ def describe(problem: Problem, state: State) -> str:
       t.append("holds " + ", ".join(inside))
     return i + (f" ({'; '.join(t)})" if t else "")
   lines = []
-  for s, k in problem.stations:
+  for s, _k in problem.stations:
     stack, x = [], s
     while (nxt := next((i for i, b in state.below.items() if b == x), None)) is not None:
       stack.append(tags(nxt))

@@ -277,7 +277,7 @@ def evaluate(verdicts_cal_IN, y_cal, verdicts_test_IN, y_test, ns: Sequence[int]
   for n in ns:
     c_cal, c_test = counts(np.asarray(verdicts_cal_IN)[:, :n]), counts(np.asarray(verdicts_test_IN)[:, :n])
     cal = calibrate(c_cal, y_cal, prior)
-    raw = lambda c: rating(theta_given_nu(c, cal.nu, prior), cal.nu)
+    raw = lambda c, cal=cal: rating(theta_given_nu(c, cal.nu, prior), cal.nu)
     methods = {
         "majority": (majority_vote(c_test), 0.0),
         "soft_sc": (soft_self_consistency(c_test), tie_band(soft_self_consistency(c_cal), y_cal)),

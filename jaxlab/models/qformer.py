@@ -191,7 +191,7 @@ def forward(params, points_BSE, cfg: Config, *, points_mask_BS=None, video_BVX=N
   def body(x, ps):
     lp, cp = ps
     for j in range(n):
-      pj = jax.tree.map(lambda a: a[j], lp)
+      pj = jax.tree.map(lambda a, j=j: a[j], lp)
       x = _attend(pj, x, x, qmask, cfg)
       if j == 0:
         x = _attend(cp, x, kv, pmask, cfg)

@@ -144,7 +144,7 @@ def image_positions(tokens_BT, cfg: Config) -> list[np.ndarray]:
 
 def connector_labels(params):
   """"connector" for the connector's params, "frozen" for the vision encoder's and the LM's."""
-  return {k: jax.tree.map(lambda _: "connector" if k == "connector" else "frozen", v) for k, v in params.items()}
+  return {k: jax.tree.map(lambda _, k=k: "connector" if k == "connector" else "frozen", v) for k, v in params.items()}
 
 
 def connector_mask(params):

@@ -251,7 +251,7 @@ def _logits(p, x, cfg: Config):
 def unstack_layers(layers_p, n: int) -> tuple:
   """The n per-layer trees of a stacked layer tree (for `decode`, which also takes decoder params whose "layers"
   are unstacked once, outside a token loop, so the loop does not slice them out of the stack every step)."""
-  return tuple(jax.tree.map(lambda a: a[i], layers_p) for i in range(n))
+  return tuple(jax.tree.map(lambda a, i=i: a[i], layers_p) for i in range(n))
 
 
 def decode(params, tokens_BT, cache: dict, cfg: Config):

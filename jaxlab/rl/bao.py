@@ -25,6 +25,8 @@ import numpy as np
 
 from jaxlab.rl import turns
 
+_CREDIT = turns.TurnCredit()  # the default credit assignment (frozen, so one shared instance)
+
 
 @dataclasses.dataclass(frozen=True)
 class Regularizers:
@@ -75,7 +77,7 @@ def penalized_rewards(rewards: Sequence[float], user: Sequence[bool], feedback: 
 
 
 def advantages(reward_lists, user_lists, feedback_lists, token_counts, turn_index_BL, mask_BL, group_ids_B,
-               reg: Regularizers, credit: turns.TurnCredit = turns.TurnCredit()):
+               reg: Regularizers, credit: turns.TurnCredit = _CREDIT):
   """Per-token advantages [B, L]: `turns.turn_advantages` on each trajectory's penalized rewards.
 
   Args:

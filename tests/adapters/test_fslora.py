@@ -53,7 +53,7 @@ def _reference_round(cfg, adapter, base, data, plan):
     sub = {p: {"lora_a": l["lora_a"][..., I], "lora_b": l["lora_b"][..., I, :]} for p, l in adapter.items()}
     full = {p: {"lora_a": l["lora_a"], "lora_b": l["lora_b"]} for p, l in adapter.items()}
 
-    def loss(s, batch):
+    def loss(s, batch, factor=factor):
       eff = {p: {"lora_a": factor * l["lora_a"], "lora_b": l["lora_b"]} for p, l in s.items()}
       return _loss(lora.add_deltas(base, lora.deltas(eff, lcfg)), batch)
 

@@ -14,7 +14,7 @@ from jaxlab.data import (Corpus, from_texts, hf_corpus, jsonl_corpus, parquet_co
 def test_stdlib_corpus_matches_independent_walk():
   root = sysconfig.get_paths()["stdlib"]
   want = []
-  for dirpath, dirnames, filenames in os.walk(root):
+  for dirpath, _dirnames, filenames in os.walk(root):
     parts = os.path.relpath(dirpath, root).split(os.sep)
     if any(p in ("test", "tests", "idle_test", "site-packages", "__pycache__") for p in parts):
       continue

@@ -4,7 +4,6 @@ reader."""
 import gzip
 import itertools
 import math
-import os
 
 import numpy as np
 import pytest

@@ -45,7 +45,7 @@ def test_theta_given_nu_matches_scipy(nu):
   c = _random_counts(2, 16, positive=False)
   got = btd.theta_given_nu(c, nu, prior=0.5)
   for i, ci in enumerate(c + 0.5):
-    ref = optimize.minimize_scalar(lambda th: _nll(np.array([th]), np.log(nu), ci[None]), bounds=(-30, 30),
+    ref = optimize.minimize_scalar(lambda th, ci=ci: _nll(np.array([th]), np.log(nu), ci[None]), bounds=(-30, 30),
                                    method="bounded", options={"xatol": 1e-9})
     np.testing.assert_allclose(got[i], ref.x, atol=1e-4)
   # Decisiveness: at the same margin among non-ties, more ties mean a smaller polarity.

@@ -182,7 +182,7 @@ def test_text_audio_path_with_real_speech_and_whisper(tmp_path, transcribe):
     for r in reqs:
       heard.append(r["user"])
       nums = iter(int(x) for x in re.findall(r"\d+", r["user"]))
-      out.append(ground_truth_text(by_id[r["id"]], lambda p, v: next(nums, -1) if type(v) is int else v))
+      out.append(ground_truth_text(by_id[r["id"]], lambda p, v, nums=nums: next(nums, -1) if type(v) is int else v))
     return out
 
   res = exp.run_with(cfg, str(tmp_path), reads_numbers, transcribe)

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -128,7 +127,7 @@ def test_composed_loss_sharded_equals_single_device(kind, data, tok):
 def test_every_model_parameter_has_axis_names(tok):
   for kind in M.MODELS:
     cfg = ST.model_config(SMOKE, kind, text_cfg(tok), 3, 5)
-    shapes = jax.eval_shape(lambda: M.init(cfg, jax.random.PRNGKey(0)))
+    shapes = jax.eval_shape(lambda cfg=cfg: M.init(cfg, jax.random.PRNGKey(0)))
     sharding.param_specs(shapes, "fsdp_tp")  # raises on a parameter without logical names
 
 

@@ -10,7 +10,6 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from sklearn.metrics import roc_auc_score
 

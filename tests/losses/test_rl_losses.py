@@ -113,7 +113,7 @@ def test_dpo_and_ipo_match_numpy():
   nc, nr = rng.integers(3, 12, 5).astype(np.float64), rng.integers(3, 12, 5).astype(np.float64)
   for beta in (0.1, 0.5):
     want, dh = _numpy_dpo(c, r, rc, rr, beta)
-    f = lambda x, y: jnp.sum(losses.dpo_loss(x, y, rc, rr, beta))
+    f = lambda x, y, beta=beta: jnp.sum(losses.dpo_loss(x, y, rc, rr, beta))
     got = losses.dpo_loss(*(jnp.asarray(x, jnp.float32) for x in (c, r, rc, rr)), beta)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
     gc, gr = jax.grad(f, argnums=(0, 1))(jnp.asarray(c, jnp.float32), jnp.asarray(r, jnp.float32))
@@ -135,7 +135,7 @@ def test_dpo_beta_to_zero_limit():
   for beta in (1e-2, 1e-3, 1e-4):
     loss = np.asarray(losses.dpo_loss(*(jnp.asarray(x, jnp.float32) for x in (c, r, rc, rr)), beta), np.float64)
     np.testing.assert_allclose(loss, np.log(2.0) - beta * h / 2, atol=np.max(np.abs(beta * h)) ** 2 / 8 + 1e-6)
-    g = jax.grad(lambda x: jnp.sum(losses.dpo_loss(x, r, rc, rr, beta)))(jnp.asarray(c, jnp.float32))
+    g = jax.grad(lambda x, beta=beta: jnp.sum(losses.dpo_loss(x, r, rc, rr, beta)))(jnp.asarray(c, jnp.float32))
     np.testing.assert_allclose(np.asarray(g) / beta, -0.5 + beta * h / 4, atol=np.max(np.abs(beta * h)) ** 2 / 8 + 1e-5)
 
 

@@ -156,7 +156,7 @@ def test_sharded_equals_single_device(prefix_params, splice_params, spec, rules)
   clips = rs.randn(8, FRAMES.n_tokens, FRAMES.d_in).astype(np.float32)
   mesh = sharding.make_mesh(spec)
   for cfg, params in ((SPLICE, splice_params), (PREFIX, prefix_params)):
-    fn = jax.jit(lambda p, t, x: mm.forward(p, t, x, cfg).logits)
+    fn = jax.jit(lambda p, t, x, cfg=cfg: mm.forward(p, t, x, cfg).logits)
     single = fn(params, jnp.asarray(toks), jnp.asarray(clips))
     sp = sharding.shard_params(params, mesh, rules)
     fc1 = sp["connector"]["fc1"]["kernel"]

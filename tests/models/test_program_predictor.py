@@ -45,7 +45,7 @@ def numpy_forward(params, x_BTE, mask_BT, cfg):
   x = _mha(p["cross"]["attn"], np.broadcast_to(p["layer_queries"], (len(x_BTE), *p["layer_queries"].shape)),
            feats, mask_BT, cfg.n_heads)
   for i in range(cfg.n_blocks):
-    blk = jax.tree.map(lambda a: a[i], p["layers"])
+    blk = jax.tree.map(lambda a, i=i: a[i], p["layers"])
     x = _ln(blk["attn_norm"], x + _mha(blk["attn"], x, x, None, cfg.n_heads), cfg.norm_eps)
     m = blk["mlp"]
     hid = np.maximum(x @ m["up"]["kernel"] + m["up"]["bias"], 0)

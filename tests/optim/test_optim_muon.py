@@ -30,7 +30,7 @@ def test_own_muon_equals_optax_contrib_on_llama_tree():
     tx = optim.muon(sched, weight_decay=0.1, adam_lr=3e-3, implementation=impl)
     state, update, p = tx.init(params), jax.jit(tx.update), params
     for i in range(3):
-      g = jax.tree.map(lambda x: jax.random.normal(jax.random.fold_in(jax.random.key(i), x.size), x.shape), params)
+      g = jax.tree.map(lambda x, i=i: jax.random.normal(jax.random.fold_in(jax.random.key(i), x.size), x.shape), params)
       u, state = update(g, state, p)
       p = optax.apply_updates(p, u)
     outs[impl] = p

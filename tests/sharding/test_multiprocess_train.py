@@ -32,7 +32,6 @@ def _global_batch(i, vocab):
 
 def _train(out_dir, mesh_spec=None, rows=None):
   """Trains STEPS steps; `rows` = (process index, process count) selects this process's rows."""
-  import jax
   from jaxlab import sharding as shd
   from jaxlab.train import loop, state as st, step as sp
   from jaxlab.train.checkpoint import Checkpointer

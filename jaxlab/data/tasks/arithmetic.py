@@ -124,7 +124,7 @@ def _random_problem(spec: Arithmetic, rng: np.random.Generator) -> Problem:
   ops, operands = [], []
   for _ in range(spec.steps):
     op = spec.ops[rng.integers(len(spec.ops))]
-    b = {"add": lambda: rng.integers(hi), "sub": lambda: rng.integers(min(cur, hi - 1) + 1),
+    b = {"add": lambda: rng.integers(hi), "sub": lambda cur=cur: rng.integers(min(cur, hi - 1) + 1),
          "mul": lambda: rng.integers(2, spec.mul_max + 1)}[op]()
     cur = compute(op, cur, int(b))
     ops.append(op)
