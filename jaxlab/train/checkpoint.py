@@ -11,6 +11,11 @@ Saving never replaces an existing step (CheckpointExistsError); old steps beyond
 retention policy. `restore_latest` (what `--resume` uses) falls back past a newest checkpoint that is
 partial, unreadable, non-finite or of another shape/dtype than the model, logging one warning line naming it,
 and moves such checkpoints aside to `S.corrupt`.
+
+Ctrl-C during a save, wait, restore or close takes effect once that call returns (`jaxlab.train.interrupt`):
+never inside orbax's asyncio loops and thread pools, which would leave a write cut off and tracebacks from
+its threads. `close` waits for pending writes, so a program that closes its checkpointer exits with only
+complete checkpoints and no orbax thread left running.
 """
 from __future__ import annotations
 
@@ -29,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
+
+from jaxlab.train import interrupt
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +180,7 @@ class Checkpointer:
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=async_,
                                            cleanup_tmp_directories=True, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._closed = False
 
   def step_dir(self, step: int) -> epath.Path:
     return self.directory / str(step)
@@ -195,6 +203,7 @@ class Checkpointer:
     steps = self.all_steps()
     return steps[-1] if steps else None
 
+  @interrupt.deferred()
   def save(self, step: int, state, data_state: dict | bytes | None = None, metadata: dict | None = None):
     """Starts writing checkpoint `step` (returns before the write finishes when async; see `wait`).
 
@@ -216,10 +225,12 @@ class Checkpointer:
     if not self._manager.save(step, args=args, force=True):
       raise RuntimeError(f"orbax declined to save step {step} in {self.directory}")
 
+  @interrupt.deferred()
   def wait(self):
     """Blocks until every pending save is complete on disk."""
     self._manager.wait_until_finished()
 
+  @interrupt.deferred()
   def restore(self, step: int | None = None, target=None) -> Restored:
     """Restores a complete checkpoint (default: the latest).
 
@@ -246,6 +257,7 @@ class Checkpointer:
     _check_finite(path, out["state"])
     return Restored(step, out["state"], _decode_data(out["data"]), out["metadata"] or {})
 
+  @interrupt.deferred()
   def restore_latest(self, target=None, *, set_aside: bool = True) -> Restored | None:
     """`--resume`: the newest checkpoint that restores, or None when the directory has none.
 
@@ -295,9 +307,13 @@ class Checkpointer:
       multihost_utils.sync_global_devices("jaxlab_checkpoint_set_aside")
     self._manager.reload()
 
+  @interrupt.deferred()
   def close(self):
-    self._manager.wait_until_finished()
-    self._manager.close()
+    """Waits for pending saves and stops orbax's threads; closing again does nothing."""
+    if not self._closed:
+      self._manager.wait_until_finished()
+      self._manager.close()
+      self._closed = True
 
   def __enter__(self):
     return self

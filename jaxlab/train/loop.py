@@ -11,12 +11,12 @@ import dataclasses
 import json
 import math
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import jax
 import numpy as np
 
-from jaxlab.train import metrics as metrics_lib
+from jaxlab.train import interrupt, metrics as metrics_lib
 from jaxlab.train.step import leaf_paths
 from jaxlab.train.state import TrainState
 
@@ -128,16 +128,18 @@ def train_loop(state: TrainState, train_step, batches: Iterator, num_steps: int,
     metadata: stored with every checkpoint.
     desc: progress-bar label.
 
-  On Ctrl-C (KeyboardInterrupt) a checkpoint being written is completed before the interrupt propagates, so
-  `--resume` continues from it.
+  Ctrl-C (`jaxlab.train.interrupt`) takes effect at the next step boundary: the checkpoint being written is
+  completed, the progress bar and `checkpointer` are closed, then KeyboardInterrupt propagates, so nothing of the
+  loop prints after it and `--resume` continues from the last checkpoint. A second Ctrl-C stops at once.
   """
-  try:
-    return _train_loop(state, train_step, batches, num_steps, shard_fn, checkpointer, ckpt_every, data_state_fn,
-                       eval_fn, eval_every, metrics_path, log_every, flops_per_token, peak_flops, metadata, desc)
-  except KeyboardInterrupt:
-    if checkpointer is not None:  # let a save in flight finish: interpreter shutdown would cut it off
-      checkpointer.wait()
-    raise
+  with interrupt.deferred():
+    try:
+      return _train_loop(state, train_step, batches, num_steps, shard_fn, checkpointer, ckpt_every, data_state_fn,
+                         eval_fn, eval_every, metrics_path, log_every, flops_per_token, peak_flops, metadata, desc)
+    except KeyboardInterrupt:
+      if checkpointer is not None:  # finish the save in flight; interpreter shutdown would cut it off
+        checkpointer.close()
+      raise
 
 
 def _train_loop(state, train_step, batches, num_steps, shard_fn, checkpointer, ckpt_every, data_state_fn, eval_fn,
@@ -159,8 +161,9 @@ def _train_loop(state, train_step, batches, num_steps, shard_fn, checkpointer, c
     return next(batches, ran_out)
 
   batch = next_batch() if start < num_steps else None
-  with metrics_lib.MetricsWriter(metrics_path) as writer:
+  with metrics_lib.MetricsWriter(metrics_path) as writer, bar:
     for i in range(start, num_steps):
+      interrupt.check()
       step = i + 1
       if batch is ran_out:
         bar.close()
@@ -215,4 +218,5 @@ def _train_loop(state, train_step, batches, num_steps, shard_fn, checkpointer, c
     last_eval = {k: float(v) for k, v in eval_fn(state.params).items()}
   if checkpointer is not None:
     checkpointer.wait()
+  interrupt.check()
   return LoopResult(state, history, last_eval)

@@ -28,7 +28,7 @@ from jaxlab import sharding as shd
 from jaxlab.models import transformer as tfm
 from jaxlab.rl import grpo as grpo_lib
 from jaxlab.rl import rollout as rollout_lib
-from jaxlab.train import metrics as metrics_lib
+from jaxlab.train import interrupt, metrics as metrics_lib
 from jaxlab.train.loop import NonFiniteError, gather_data_state, local_data_state
 from jaxlab.train.state import TrainState, as_train_state
 from jaxlab.train.step import cast_floats, jit_train_step, leaf_paths
@@ -126,6 +126,9 @@ def rl_loop(state: TrainState, model_cfg: tfm.Config, gcfg: grpo_lib.GRPOConfig,
     metadata: stored with every checkpoint.
     desc: progress-bar label.
     sample_kw: extra `jaxlab.generate.sample` arguments (e.g. weights).
+
+  Ctrl-C takes effect between iterations, as in `jaxlab.train.loop.train_loop`: the checkpoint being written is
+  completed and `checkpointer` closed before KeyboardInterrupt propagates.
   """
   if gcfg.beta > 0 and ref_params is None:
     raise ValueError("GRPO with beta > 0 needs ref_params (the frozen reference policy)")
@@ -138,13 +141,14 @@ def rl_loop(state: TrainState, model_cfg: tfm.Config, gcfg: grpo_lib.GRPOConfig,
     if got is not None:
       start, state, ref_params, data_state = got
       prompts.set_state(local_data_state(data_state))
-  try:
-    return _run(state, model_cfg, gcfg, train_step, prompts, reward_fn, num_iterations, ref_params, decode, mesh,
-                checkpointer, ckpt_every, metrics_path, log_every, metadata, desc, dict(sample_kw or {}), start)
-  except KeyboardInterrupt:
-    if checkpointer is not None:
-      checkpointer.wait()
-    raise
+  with interrupt.deferred():
+    try:
+      return _run(state, model_cfg, gcfg, train_step, prompts, reward_fn, num_iterations, ref_params, decode, mesh,
+                  checkpointer, ckpt_every, metrics_path, log_every, metadata, desc, dict(sample_kw or {}), start)
+    except KeyboardInterrupt:
+      if checkpointer is not None:
+        checkpointer.close()
+      raise
 
 
 def _run(state, model_cfg, gcfg, train_step, prompts, reward_fn, num_iterations, ref_params, decode, mesh,
@@ -153,8 +157,9 @@ def _run(state, model_cfg, gcfg, train_step, prompts, reward_fn, num_iterations,
   history = []
   t_start = time.time()
   bar = metrics_lib.progress(num_iterations, start, desc)
-  with metrics_lib.MetricsWriter(metrics_path) as writer:
+  with metrics_lib.MetricsWriter(metrics_path) as writer, bar:
     for it in range(start, num_iterations):
+      interrupt.check()
       examples = next(prompts)
       rng, key = jax.random.split(state.rng)
       state = state._replace(rng=jax.device_put(rng, state.rng.sharding))
@@ -207,4 +212,5 @@ def _run(state, model_cfg, gcfg, train_step, prompts, reward_fn, num_iterations,
   bar.close()
   if checkpointer is not None:
     checkpointer.wait()
+  interrupt.check()
   return RLResult(state, ref_params, history)

@@ -188,3 +188,41 @@ def test_metrics_jsonl_roundtrip_skips_truncated_line(tmp_path):
   (record,) = metrics_lib.read_jsonl(path)  # NaN is written as null and read back as NaN
   assert record["step"] == 1 and record["loss"] == 2.5 and math.isnan(record["tokens_per_s"])
   assert os.path.getsize(path) > 0
+
+
+@pytest.fixture
+def default_sigint():
+  """Python's own SIGINT handler for the test (a test runner's worker may ignore SIGINT or handle it itself)."""
+  import signal
+  import threading
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers are installed only in the main thread")
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_at_a_step_boundary_with_complete_checkpoints(tmp_path, default_sigint):
+  # Ctrl-C arrives during step 4, which saves (async): the step and its save complete, the loop stops before step
+  # 5, the checkpointer is closed, and a second Ctrl-C would stop at once (Python's handler is back).
+  import signal
+  state, tx = _toy_state()
+  jitted = sp.jit_train_step(sp.make_train_step(_toy_loss, tx))
+  calls, handler_after_press = [], []
+
+  def step(state, batch):
+    calls.append(len(calls) + 1)
+    if len(calls) == 4:
+      os.kill(os.getpid(), signal.SIGINT)
+      handler_after_press.append(signal.getsignal(signal.SIGINT))
+    return jitted(state, batch)
+
+  ckpt = Checkpointer(tmp_path / "ckpt", keep=None, async_=True)
+  with pytest.raises(KeyboardInterrupt):
+    loop_lib.train_loop(state, step, _Batches(), 10, checkpointer=ckpt, ckpt_every=2,
+                        metrics_path=str(tmp_path / "metrics.jsonl"))
+  assert calls == [1, 2, 3, 4] and handler_after_press == [signal.default_int_handler]
+  assert ckpt._closed and sorted(os.listdir(tmp_path / "ckpt")) == ["2", "4"]
+  assert all(Checkpointer.is_complete(tmp_path / "ckpt" / s) for s in ("2", "4"))
+  assert [r["step"] for r in metrics_lib.read_jsonl(str(tmp_path / "metrics.jsonl"))] == [1, 2, 3, 4]
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
