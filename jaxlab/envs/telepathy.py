@@ -6,8 +6,9 @@ entity, else 0) over the best so far, times `reward_scale`, minus `step_penalty`
 clipped to [0, 1]; a right answer or "[finish]" ends the episode, at most `max_turns` (15) turns.
 
 Entities carry traits (category, size, living, ...). `BUILTIN` is a list written here; `wordnet_entities`
-reads Debian's wordnet-base (`/usr/share/wordnet`): frequent nouns of chosen lexicographer files, their traits
-every lemma of the noun and of its hypernyms (a dog is a canine, a mammal, an animal, a living thing ...).
+reads Debian's wordnet-base (`/usr/share/wordnet`, or $WNSEARCHDIR when set): frequent nouns of chosen
+lexicographer files, their traits every lemma of the noun and of its hypernyms (a dog is a canine, a mammal, an
+animal, a living thing ...).
 The scripted user answers exactly from the traits: "Yes" when X is one of the entity's traits or names, "No"
 when X is a trait or name of another entity of the pool, "Maybe" otherwise. An LM user (`generate`) answers
 the questions instead, from a prompt naming the entity and its traits; answers are always scored by name.
@@ -21,9 +22,9 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
+from jaxlab import errors
 from jaxlab.envs.base import Generate, Turn, verdict
 
-WORDNET = "/usr/share/wordnet"
 SIZES = ("tiny", "small", "medium", "large", "huge")
 # name: category, size, traits; "alive" and "man-made" follow from the category
 _TABLE = """
@@ -140,12 +141,15 @@ def _wordnet_nouns(path: str):
   return synsets, first
 
 
-def wordnet_entities(path: str = WORDNET, lexnames: Sequence[str] = ("noun.animal", "noun.plant", "noun.food"),
+def wordnet_entities(path: str | None = None, lexnames: Sequence[str] = ("noun.animal", "noun.plant", "noun.food"),
                      min_count: int = 3, max_entities: int | None = None) -> tuple[Entity, ...]:
   """Frequent single-word nouns whose first sense lies in `lexnames`, most frequent first (SemCor counts of
-  cntlist.rev at least `min_count`); names: the synset's lemmas; traits: the lemmas of it and its hypernyms."""
+  cntlist.rev at least `min_count`); names: the synset's lemmas; traits: the lemmas of it and its hypernyms.
+  `path`: WordNet's dictionary directory (default `errors.wordnet_dir()`)."""
+  path = path or errors.wordnet_dir()
   if not os.path.exists(os.path.join(path, "data.noun")):
-    raise FileNotFoundError(f"no WordNet at {path} (data.noun): install Debian's wordnet-base")
+    raise errors.MissingDependency(f"WordNet entities (no data.noun in {path})", "wordnet-base",
+                                   errors.install_command("wordnet"))
   unknown = [x for x in lexnames if x not in _LEXFILES]
   if unknown:
     raise ValueError(f"lexnames must be among {sorted(_LEXFILES)}, found {unknown}")
@@ -178,9 +182,10 @@ def wordnet_entities(path: str = WORDNET, lexnames: Sequence[str] = ("noun.anima
 
 
 def load_entities(source: str = "auto") -> tuple[Entity, ...]:
-  """"builtin": `BUILTIN`; "wordnet": `wordnet_entities()`; "auto": WordNet when installed, else builtin."""
+  """"builtin": `BUILTIN`; "wordnet": `wordnet_entities()`; "auto": WordNet when installed (`errors.wordnet_dir()`
+  holds it), else builtin, silently: the pool, and so any result over it, then depends on the machine."""
   if source == "auto":
-    source = "wordnet" if os.path.exists(os.path.join(WORDNET, "data.noun")) else "builtin"
+    source = "wordnet" if errors.installed("wordnet") else "builtin"
   if source == "builtin":
     return BUILTIN
   if source == "wordnet":

@@ -24,6 +24,7 @@ import warnings
 import jraph
 import numpy as np
 
+from jaxlab import errors
 from jaxlab.envs.base import Turn
 
 TYPES = ("P", "I", "r", "d", "c", "s", "o", "k", "f", "oven", "stove", "toaster", "meal", "RECIPE", "ingredient",
@@ -43,8 +44,11 @@ def _textworld():
   try:
     import textworld
     from textworld.envs import TextWorldEnv
-  except ImportError as e:
-    raise ImportError("jaxlab.envs.textworld needs TextWorld: pip install textworld==1.7.0") from e
+  except ImportError as e:  # textworld, or a wheel of its stack (jericho, TatSu, ...), is missing
+    missing = errors.missing_import(e, "jaxlab.envs.textworld", "textworld")
+    if missing is None:
+      raise
+    raise missing from e
   return textworld, TextWorldEnv
 
 

@@ -18,12 +18,12 @@ from __future__ import annotations
 import ast
 import copy
 import importlib
-import importlib.util
 import inspect
 import json
 from typing import Any, Mapping, NamedTuple, Sequence
 
-INSTALL_HINT = "pip install --no-deps bfcl-eval==2026.3.23"
+from jaxlab import errors
+
 # Method names the leaderboard refuses to call, whatever their class.
 BLOCKED = ("kill", "exit", "quit", "remove", "unlink", "popen", "Popen", "run")
 
@@ -39,11 +39,8 @@ OK = Verdict(True)
 
 
 def require_bfcl_eval() -> str:
-  """The installed bfcl_eval package directory; a clear error when the wheel is absent."""
-  spec = importlib.util.find_spec("bfcl_eval")
-  if spec is None or not spec.submodule_search_locations:
-    raise ImportError(f"BFCL needs the bfcl-eval wheel (its data and API classes); found none: {INSTALL_HINT}")
-  return list(spec.submodule_search_locations)[0]
+  """The installed bfcl_eval package directory; jaxlab.errors.MissingDependency when the wheel is absent."""
+  return errors.package_dir("bfcl-eval", "BFCL (its data and API classes)")
 
 
 def api_instances(entry: Mapping[str, Any]) -> dict[str, Any]:

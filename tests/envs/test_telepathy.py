@@ -1,11 +1,11 @@
 """Telepathy gym: the scripted user against the entity traits, scripted optimal policies solving Function and
 Telepathy within the turn limit, a random policy's score against its closed form, UserRL's reward, an LM user."""
 import math
-import os
 
 import numpy as np
 import pytest
 
+from jaxlab import errors
 from jaxlab.envs import base, function, telepathy
 from jaxlab.rl import turns
 
@@ -60,7 +60,7 @@ def test_halving_policy_solves_every_builtin_entity_within_the_turn_limit():
   assert np.mean([len(e.turns) for e in episodes]) <= math.ceil(math.log2(len(pool))) + 2
 
 
-@pytest.mark.skipif(not os.path.exists(os.path.join(telepathy.WORDNET, "data.noun")), reason="no wordnet-base")
+@pytest.mark.skipif(not errors.installed("wordnet"), reason="no wordnet-base")
 def test_wordnet_entities_follow_hypernyms_and_are_solvable():
   pool = telepathy.wordnet_entities()
   assert len(pool) > 100 and len({e.traits for e in pool}) == len(pool)
@@ -186,5 +186,12 @@ def test_bad_pools_are_refused():
     telepathy.TelepathyGym("imagenet")
   with pytest.raises(ValueError, match="at least one Entity"):
     telepathy.TelepathyGym([])
-  with pytest.raises(FileNotFoundError, match="install Debian's wordnet-base"):
+  with pytest.raises(errors.MissingDependency, match="needs wordnet-base .*apt-get install -y wordnet-base"):
     telepathy.wordnet_entities("/nonexistent")
+
+
+def test_wnsearchdir_moves_wordnet_and_auto_falls_back_to_builtin(tmp_path, monkeypatch):
+  monkeypatch.setenv("WNSEARCHDIR", str(tmp_path))
+  assert not errors.installed("wordnet") and telepathy.load_entities("auto") == telepathy.BUILTIN
+  with pytest.raises(errors.MissingDependency, match=f"no data.noun in {tmp_path}"):
+    telepathy.load_entities("wordnet")

@@ -14,6 +14,7 @@ import pytest
 
 bfcl_eval = pytest.importorskip("bfcl_eval")
 
+from jaxlab import errors  # noqa: E402
 from jaxlab.evals import bfcl, bfcl_multi_turn  # noqa: E402
 
 DOT_MODEL, PLAIN_MODEL = "gpt-5.2-2025-12-11-FC", "gorilla-openfunctions-v2"  # underscore_to_dot True / False
@@ -652,8 +653,9 @@ def test_score_multi_turn_ground_truth(monkeypatch):
 
 
 def test_missing_wheel_names_the_install(monkeypatch):
-  monkeypatch.setattr(bfcl_multi_turn.importlib.util, "find_spec", lambda name: None)
-  with pytest.raises(ImportError, match=r"pip install --no-deps bfcl-eval"):
+  monkeypatch.setattr(errors.importlib.util, "find_spec", lambda name: None)
+  with pytest.raises(errors.MissingDependency, match=r"needs bfcl-eval \(not installed\): pip install --no-deps "
+                                                   r"bfcl-eval==2026.3.23"):
     bfcl.load("simple_python")
   with pytest.raises(ValueError, match="category must be one of"):
     bfcl.load("simple_cobol")

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from jaxlab import errors
 from jaxlab.evals import sandbox
 
 
@@ -141,7 +142,9 @@ def test_unprivileged_uid_and_empty_environment(tmp_path, monkeypatch):
     print(sorted(os.environ.items()))
     """, env={"EXTRA": "1"})
   ids, env = r.stdout.splitlines()
-  assert ids == "65534 65534 65534 [] 0000000000000000 0000000000000000 1", r
+  # called by another user than root, its supplementary groups stay, unmapped (a user namespace cannot drop them)
+  groups = [] if os.geteuid() == 0 else [sandbox.NOBODY] * len(os.getgroups())
+  assert ids == f"65534 65534 65534 {groups} 0000000000000000 0000000000000000 1", r
   assert dict(eval(env)) == {"EXTRA": "1", "HOME": "/workdir", "LANG": "C.UTF-8", "PWD": "/workdir",
                              "PATH": f"{sys.prefix}/bin:/usr/local/bin:/usr/bin:/bin"}
 
@@ -164,10 +167,13 @@ def test_clear_errors(tmp_path, monkeypatch):
     sandbox.run(["true"], **args, env={"A=B": "1"})
   with pytest.raises(ValueError, match="backend"):
     sandbox.run(["true"], **args, backend="chroot")
+  with pytest.raises(ValueError, match="needs an image"):
+    sandbox.run(["true"], **args, backend="docker")
   monkeypatch.setenv("PATH", str(tmp_path))
-  with pytest.raises(RuntimeError, match="apt-get install -y bubblewrap"):
+  with pytest.raises(errors.MissingDependency, match=r"^the sandbox needs bubblewrap \(not installed\): apt-get "
+                                                   r"install -y bubblewrap$"):
     sandbox.run(["true"], **args)
-  with pytest.raises(RuntimeError, match="docker"):
+  with pytest.raises(errors.MissingDependency, match=r"Docker sandbox needs docker.io .*apt-get install -y docker.io"):
     sandbox.run(["true"], **args, backend="docker", image="python:3.11")
 
 
@@ -205,21 +211,28 @@ print(json.dumps([r._asdict(), u.returncode, os.stat("work/made").st_uid]))
 @pytest.mark.sandbox
 @pytest.mark.skipif(not os.path.exists("/usr/bin/python3"), reason="needs /usr/bin/python3 for the non-root caller")
 def test_non_root_caller_contained():
-  base = tempfile.mkdtemp()  # the caller is nobody: the module is copied where it can read it
+  """The sandbox called by a user other than root: nobody when the tests run as root, else the tests' own user."""
+  root = os.geteuid() == 0
+  caller = sandbox.NOBODY if root else os.geteuid()
+  base = tempfile.mkdtemp()  # the module and jaxlab.errors, which it imports, copied where the caller can read them
   try:
+    os.mkdir(f"{base}/jaxlab")
     shutil.copy(sandbox.__file__, base)
+    shutil.copy(errors.__file__, f"{base}/jaxlab")
+    pathlib.Path(f"{base}/jaxlab/__init__.py").touch()
     os.mkdir(f"{base}/work")
-    for p in (base, f"{base}/work", f"{base}/sandbox.py"):
-      os.chown(p, sandbox.NOBODY, sandbox.NOBODY)
-    cmd = ["setpriv", f"--reuid={sandbox.NOBODY}", f"--regid={sandbox.NOBODY}", "--clear-groups", "/usr/bin/python3",
-           "-c", NON_ROOT_CALLER]
-    out = subprocess.run(cmd, cwd=base, capture_output=True, text=True, timeout=60)
-    r, unshare_rc, owner = json.loads(out.stdout)
+    if root:
+      sandbox._chown_tree(base, caller, caller)
+    drop = ["setpriv", f"--reuid={caller}", f"--regid={caller}", "--clear-groups"] if root else []
+    out = subprocess.run(drop + ["/usr/bin/python3", "-c", NON_ROOT_CALLER], cwd=base, capture_output=True,
+                         text=True, timeout=60)
+    r, unshare_rc, owner = json.loads(out.stdout or "[{}, 0, 0]")
   finally:
     shutil.rmtree(base)
-  lines = r["stdout"].split()
-  assert r["returncode"] == 0 and len(lines) == 2 and lines[0] == "65534" and 0 < int(lines[1]) < 16, (r, out.stderr)
-  assert unshare_rc != 0 and owner == sandbox.NOBODY  # no nested user namespace; files belong to the caller
+  lines = r.get("stdout", "").split()
+  assert r.get("returncode") == 0 and len(lines) == 2 and lines[0] == "65534" and 0 < int(lines[1]) < 16, (
+      r, out.stderr)
+  assert unshare_rc != 0 and owner == caller  # no nested user namespace; files belong to the caller
 
 
 def test_docker_argv(tmp_path):

