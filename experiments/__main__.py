@@ -1,14 +1,20 @@
-"""Command line: `python -m experiments {list, run, bench, reproduce}`.
+"""Command line: `python -m experiments {list, run, bench, reproduce, readme, judge}`.
 
   python -m experiments list
   python -m experiments run NAME --preset smoke|cpu|full [--set key=value ...] [--out DIR] [--resume]
   python -m experiments bench NAME [--out FILE.json] [bench flags, see `bench NAME --help`]
-  python -m experiments reproduce --preset cpu [--root runs] [--only NAME ...] [--seeds N] [--force]
+  python -m experiments reproduce --preset cpu [--root runs] [--only NAME ...] [--seeds N] [--force] [--reuse-any]
   python -m experiments readme [--claims runs/claims.json] [--merge]   (the README's paper table from a claims report)
+  python -m experiments judge PATH   (a finished run, its results.json or a reproduce root, judged by today's claims)
 
-A user error (a bad --set, a missing file, a run directory in use, a config an experiment rejects) is one
-`error:` line and exit code 2; `--debug` (or JAXLAB_DEBUG=1) shows the traceback instead. Ctrl-C stops a run
-(exit code 130) and prints the command that continues it.
+`reproduce` reads a finished run back only when the same clean git commit made it (`--reuse-any`: any commit).
+
+A user error (a bad --set, a missing file, a run directory in use, a config an experiment rejects, a tool or
+package that is not installed) is one `error:` line and exit code 2; `--debug` (or JAXLAB_DEBUG=1) shows the
+traceback instead. `reproduce` reports an experiment whose tool or package is not installed as one `skipped:`
+line, lists it in the report, and exits 0 when nothing failed. Ctrl-C stops a run at the next step boundary,
+once the checkpoint being written is complete (`jaxlab.train.interrupt`; a second Ctrl-C stops at once), and
+exits with code 130; the command that continues it is the last line printed.
 
 Multi-process runs (launch scripts in tpu_gpu_scripts/) start `jax.distributed` from the environment before
 anything else touches JAX.
@@ -24,7 +30,8 @@ import traceback
 from experiments import registry
 from experiments.runner import readme as readme_lib, reproduce as reproduce_lib
 
-# Exceptions that mean "the input is wrong", reported in one line; anything else is a bug and keeps its traceback.
+# Exceptions that mean "the input is wrong" (or the machine lacks a tool: jaxlab.errors.MissingDependency is an
+# OSError), reported in one line; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError, KeyError, ImportError, FloatingPointError)
 
 
@@ -70,12 +77,19 @@ def _parser() -> argparse.ArgumentParser:
   g.add_argument("--only", nargs="*", default=None, help="restrict to these experiment names")
   g.add_argument("--seeds", type=int, default=1, help="run each experiment that has a seed this many times")
   g.add_argument("--force", action="store_true", help="rerun experiments whose results are already there")
+  g.add_argument("--reuse-any", action="store_true",
+                 help="read back finished runs of the same config whatever commit made them (default: only runs of "
+                      "the current commit, made from a clean tree)")
   m = sub.add_parser("readme", help="rewrite the README's paper table from a claims report")
   m.add_argument("--claims", default="runs/claims.json")
   m.add_argument("--readme", default="README.md")
   m.add_argument("--merge", action="store_true",
                  help="replace only the rows of the papers this report ran, and name the report above the table")
   g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+  j = sub.add_parser("judge", help="judge a finished run's claims again with the claims as declared now")
+  j.add_argument("path", help="a run directory, its results.json, or a reproduce root (its claims.json)")
+  j.add_argument("--experiment", default=None, help="the experiment, where no config.json sits next to the results")
+  j.add_argument("--preset", default=None, choices=registry.PRESETS, help="the preset, likewise")
   return p
 
 
@@ -158,8 +172,12 @@ def _reproduce(args) -> int:
     else:
       print(f"error: {name}: {_message(e)}", file=sys.stderr)
 
-  path, failed = reproduce_lib.reproduce(args.preset, args.root, args.only, args.seeds, args.force, on_error)
-  print(f"report: {path} ({failed} failed)")
+  def on_skip(name, e):
+    print(f"skipped: {name}: {_message(e)}", file=sys.stderr)
+
+  path, failed, skipped = reproduce_lib.reproduce(args.preset, args.root, args.only, args.seeds, args.force,
+                                                  on_error, on_skip, reuse_any=args.reuse_any)
+  print(f"report: {path} ({failed} failed" + (f", {skipped} skipped: missing tools)" if skipped else ")"))
   return 1 if failed else 0
 
 
@@ -168,6 +186,12 @@ def _readme(args) -> int:
     report = json.load(f)
   changed = readme_lib.update(args.readme, report, merge=args.merge)
   print(f"{args.readme}: paper table {'rewritten' if changed else 'already current'} from {args.claims}")
+  return 0
+
+
+def _judge(args) -> int:
+  from experiments.runner import judge
+  print("\n".join(judge.judge(args.path, args.experiment, args.preset)))
   return 0
 
 
@@ -180,18 +204,25 @@ def main(argv=None) -> int:
     if args.cmd == "list":
       return _list()
     if args.cmd == "run":
-      return _run(args)
+      from jaxlab.train import interrupt
+      with interrupt.handled():  # Ctrl-C from here on is never lost, nor raised inside JAX or orbax
+        return _run(args)
     if args.cmd == "bench":
       return _bench(args, rest)
     if args.cmd == "reproduce":
       return _reproduce(args)
     if args.cmd == "readme":
       return _readme(args)
+    if args.cmd == "judge":
+      return _judge(args)
   except USER_ERRORS as e:
     if _debug(args):
       raise
     print(f"error: {_message(e)}  (--debug shows the traceback)", file=sys.stderr)
     return 2
+  except KeyboardInterrupt:  # outside a run (a run prints its resume command): nothing to continue
+    print("\ninterrupted", file=sys.stderr)
+    return 130
   return 2
 
 

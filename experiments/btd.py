@@ -199,8 +199,14 @@ registry.register(registry.Experiment(
     description="BTD vs majority / soft self-consistency / self-aggregation of sampled SmolLM2 verdicts",
     paper="btd", claims=(
         Claim("mae", "calibrated BTD has a lower MAE than majority vote and soft self-consistency",
-              "lower MAE than every baseline on every benchmark", "{mae.btd} < min({mae.majority}, {mae.soft_sc})"),
+              "lower MAE than every baseline on every benchmark", "{mae.btd} < min({mae.majority}, {mae.soft_sc})",
+              measurable="{judge_accuracy_single} > 0.4 and {items} >= 200",
+              why="the judge's single verdicts are at chance (0.4: always A or always B, at the presets' tie share "
+                  "0.2) or fewer than 100 items are held out, where the methods' differences are noise"),
         Claim("acc", "calibrated BTD's pairwise accuracy is at least the baselines'",
               "higher pairwise accuracy than the baselines",
-              "{pairwise_acc.btd} >= max({pairwise_acc.majority}, {pairwise_acc.soft_sc})"),
+              "{pairwise_acc.btd} >= max({pairwise_acc.majority}, {pairwise_acc.soft_sc})",
+              measurable="{judge_accuracy_single} > 0.4 and {items} >= 200",
+              why="the judge's single verdicts are at chance (0.4: always A or always B, at the presets' tie share "
+                  "0.2) or fewer than 100 items are held out, where the methods' differences are noise"),
     )))

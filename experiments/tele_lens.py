@@ -394,5 +394,7 @@ registry.register(registry.Experiment(
               "top-5 accuracy falls steeply with the distance ahead",
               "{horizon.top5.mean.d1} >= 2 * {horizon.top5.mean.d8}"),
         Claim("pivot", "pivot uncertainty predicts CoT correctness better than self-certainty",
-              "AUROC 0.69 vs 0.60", "{auroc.pivot} > {auroc.self_certainty}"),
+              "AUROC 0.69 vs 0.60", "{auroc.pivot} > {auroc.self_certainty}", measurable="{lm_answer_acc} > 0.5",
+              why="the LM answers at chance (0.5 on these two-answer tasks), so whether it is right is noise that "
+                  "no score predicts (every AUROC sits at 0.5)"),
     )))

@@ -59,8 +59,9 @@ SCORES = ("Sum", "R2G")
 @dataclasses.dataclass(frozen=True)
 class Config:
   """bao settings. policy: "word" (a small model trained here) or a chat model path; user: "scripted" or an LM
-  path (telepathy and turtle); entities: telepathy's pool ("builtin", "wordnet", "auto"); entity_pool: how many
-  of them, spread evenly over the pool (0: all)."""
+  path (telepathy and turtle); entities: telepathy's pool ("builtin", "wordnet": Debian's wordnet-base, required;
+  "auto": WordNet where it is installed, else builtin, silently, so results differ between machines; no preset
+  uses it); entity_pool: how many of them, spread evenly over the pool (0: all)."""
   policy: str = "word"
   user: str = "scripted"
   entities: str = "builtin"
@@ -163,6 +164,7 @@ def _claim(gym: str) -> Claim:
 
 registry.register(registry.Experiment(
     name="bao", config_cls=Config, presets=PRESETS, run=run,
+    requires=lambda cfg: ("wordnet",) if cfg.entities == "wordnet" else (),
     description="BAO vs UserRL-GRPO, SFT and prompting on the function / telepathy / turtle gyms: score, "
                 "Pass@U-1, user-involvement rate",
     paper="bao", claims=(_claim("function"), _claim("telepathy"))))

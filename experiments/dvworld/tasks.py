@@ -12,24 +12,23 @@ written from the spec (pandas + matplotlib; they also write the plotted table to
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
+
+from jaxlab import errors
 
 BROKEN = ("wrong_aggregation", "wrong_column", "missing_filter", "wrong_chart_type")
 AGGS = ("mean", "sum", "max", "min", "median")
 WRONG_TYPE = {"bar": "line", "line": "bar", "pie": "bar", "scatter": "line"}
 
-# source name -> (package, file inside the package)
+# source name -> (the no-deps wheel of jaxlab.errors.NO_DEPS, file inside its package directory)
 SOURCES = {
     "tips": ("plotly", "package_data/datasets/tips.csv.gz"),
     "gapminder": ("plotly", "package_data/datasets/gapminder.csv.gz"),
-    "cars": ("vega_datasets", "_data/cars.json"),
-    "seattle_weather": ("vega_datasets", "_data/seattle-weather.csv"),
-    "penguins": ("bokeh_sampledata", "_data/penguins.csv"),
-    "autompg": ("bokeh_sampledata", "_data/auto-mpg.csv"),
+    "cars": ("vega-datasets", "_data/cars.json"),
+    "seattle_weather": ("vega-datasets", "_data/seattle-weather.csv"),
+    "penguins": ("bokeh-sampledata", "_data/penguins.csv"),
+    "autompg": ("bokeh-sampledata", "_data/auto-mpg.csv"),
 }
-INSTALL = {"plotly": "plotly==7.1.0", "vega_datasets": "vega-datasets==0.9.0",
-           "bokeh_sampledata": "bokeh-sampledata==2026.1"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,13 +99,13 @@ BY_ID = {t.id: t for t in TASKS}
 
 
 def source_path(source: str) -> str:
-  """The installed file of a source, found without importing its package; a one-line error naming the install."""
+  """The installed file of a source, found without importing its package; a one-line error naming the install
+  (jaxlab.errors.MissingDependency when the wheel is not installed)."""
   pkg, rel = SOURCES[source]
-  spec = importlib.util.find_spec(pkg)
-  path = os.path.join(spec.submodule_search_locations[0], rel) if spec and spec.submodule_search_locations else None
-  if path is None or not os.path.isfile(path):
+  path = os.path.join(errors.package_dir(pkg, f"dvworld data {source!r}"), rel)
+  if not os.path.isfile(path):
     raise FileNotFoundError(f"dvworld data {source!r}: expected {rel} of the installed package {pkg!r}, found "
-                            f"nothing; pip install --no-deps {INSTALL[pkg]}")
+                            f"nothing; reinstall it: {errors.install_command(pkg)} --force-reinstall")
   return path
 
 

@@ -1,10 +1,20 @@
-"""The papers' claims as data, and their verdicts computed from results.json only.
+"""The papers' claims as data, and their verdicts computed from results.json (and per-item scores) only.
 
 Each experiment declares `Claim`s: an id, the claim in one line, the paper's own figure, a check over its
 results.json keys, and the presets it applies to. A check is an expression over `{key}` references
 (`"{val_loss.scale} < {val_loss.galore}"`), evaluated with arithmetic, comparisons, `and`/`or`/`not`,
-`abs`/`min`/`max` and nothing else. Over several seeds a claim is reproduced or not reproduced when every seed
-agrees, and unstable (with the spread of its keys) when they do not.
+`abs`/`min`/`max` and nothing else. A claim also states when its comparison can tell anything (`measurable`, an
+expression of the same kind: the compared figures off their floor and ceiling, the base rate above chance, enough
+items); where that fails the verdict is "not measurable at this preset: <why> (<the figures>)".
+
+With `diff=(A, B)` and the run's per-item scores of A and B (items.json, see `registry`), the verdict comes from a
+95% bootstrap interval of mean(A) - mean(B) over the items, seeds pooled: reproduced when the interval lies above
+`effect`, not reproduced when it lies at or below it, otherwise "inconclusive (n=...)". Without per-item scores,
+over several seeds a claim is reproduced or not reproduced when every seed agrees, and unstable (with the spread
+of its keys) when they do not.
+
+A `Check` is a harness self-check (the benchmark's references behave as designed, a constructed-wrong agent scores
+low): judged the same way, worded "passed" / "failed", and reported apart from the paper's claims.
 """
 from __future__ import annotations
 
@@ -13,6 +23,8 @@ import dataclasses
 import math
 import operator
 import re
+
+import numpy as np
 
 # The nineteen papers, in the order of papers/DIGEST.md: short name -> title.
 PAPERS = {
@@ -40,6 +52,12 @@ PAPERS = {
 REPRODUCED, NOT_REPRODUCED, UNSTABLE, NOT_MEASURABLE = ("reproduced", "not reproduced", "unstable",
                                                         "not measurable at this preset")
 NOT_RUN, FAILED = "not run in this report", "experiment failed"
+SKIPPED = "skipped"  # a tool or package the experiment needs is not installed: "skipped (bubblewrap not installed)"
+INCONCLUSIVE = "inconclusive"  # the 95% interval holds both the claimed effect and values against it
+PASSED, CHECK_FAILED = "passed", "failed"  # a Check's words for reproduced / not reproduced
+NO_ITEMS = "(no interval: per-item scores not recorded)"
+NO_DIFF = "(no interval: no per-item difference declared)"
+RESAMPLES, LEVEL = 2000, 0.95  # the bootstrap's resamples (RNG seed 0: the verdict is deterministic) and coverage
 _KEY = re.compile(r"\{([^{}]+)\}")
 
 
@@ -48,26 +66,63 @@ class Claim:
   """One claim of a paper, checkable on results.json.
 
   Attributes:
-    id: short identifier, unique within the experiment.
+    id: short identifier, unique within the experiment (its claims and checks together).
     text: the claim in one line.
     paper: the paper's figure for it, as the paper states it.
     check: expression over `{results key}` references that is true when the claim holds.
     presets: the presets whose scale the claim applies to (elsewhere: not measurable at this preset).
+    measurable: expression (same language) true when the comparison can tell anything; "" when it always can.
+    why: what a failed `measurable` means, in a few words (the verdict adds the figures); required with it.
+    diff: (A, B), the per-item score arrays (names in items.json) whose mean difference A - B the check
+      compares; name the side the claim favours first (for lower-is-better scores, the baseline first).
+    effect: the claimed difference: reproduced when the interval of A - B lies above it, not reproduced when
+      it lies at or below it (0: "A beats B"; -0.01: "A loses less than 0.01").
   """
   id: str
   text: str
   paper: str
   check: str
   presets: tuple[str, ...] = ("cpu", "full")
+  measurable: str = ""
+  why: str = ""
+  diff: tuple[str, str] | None = None
+  effect: float = 0.0
 
   def __post_init__(self):
     if not self.keys:
       raise ValueError(f"claim {self.id!r}: check {self.check!r} names no {{results key}}")
     _parse(self.check, self.id)  # fails now, at registration, on a malformed check
+    if self.measurable:
+      if not self.measurable_keys:
+        raise ValueError(f"claim {self.id!r}: measurable {self.measurable!r} names no {{results key}}")
+      _parse(self.measurable, self.id)
+      if not self.why:
+        raise ValueError(f"claim {self.id!r}: a measurable condition needs its why")
+    if self.diff is not None and (len(self.diff) != 2 or not all(isinstance(d, str) and d for d in self.diff)
+                                  or self.diff[0] == self.diff[1]):
+      raise ValueError(f"claim {self.id!r}: diff must name two different per-item arrays, found {self.diff!r}")
+    if not math.isfinite(self.effect):
+      raise ValueError(f"claim {self.id!r}: effect must be finite, found {self.effect}")
 
   @property
   def keys(self) -> tuple[str, ...]:
+    """The results keys the check reads."""
     return tuple(dict.fromkeys(_KEY.findall(self.check)))
+
+  @property
+  def measurable_keys(self) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(_KEY.findall(self.measurable)))
+
+  @property
+  def all_keys(self) -> tuple[str, ...]:
+    """The results keys of the check, then those only `measurable` reads."""
+    return tuple(dict.fromkeys(self.keys + self.measurable_keys))
+
+
+@dataclasses.dataclass(frozen=True)
+class Check(Claim):
+  """A harness self-check (the benchmark's references behave as designed, a constructed-wrong agent scores low),
+  declared in `Experiment.checks`: judged like a claim, "passed" / "failed", never counted as a paper claim."""
 
 
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
@@ -124,15 +179,34 @@ def _eval(node, env):
   raise ValueError(f"unsupported expression node {type(node).__name__}")
 
 
+def _finite(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _holds(expr: str, claim_id: str, results: dict) -> bool | None:
+  env = {}
+  for i, k in enumerate(dict.fromkeys(_KEY.findall(expr))):
+    if not _finite(results.get(k)):
+      return None
+    env[f"_k{i}"] = results[k]
+  return bool(_eval(_parse(expr, claim_id), env))
+
+
 def holds(claim: Claim, results: dict) -> bool | None:
   """Whether `claim` holds on one results dict; None when a key is missing or not a finite number."""
-  env = {}
-  for i, k in enumerate(claim.keys):
-    v = results.get(k)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-      return None
-    env[f"_k{i}"] = v
-  return bool(_eval(_parse(claim.check, claim.id), env))
+  return _holds(claim.check, claim.id, results)
+
+
+def measurable(claim: Claim, results: dict) -> bool | None:
+  """Whether `claim`'s comparison can tell anything on one results dict (True without a condition); None when a
+  key of the condition is missing or not a finite number."""
+  return _holds(claim.measurable, claim.id, results) if claim.measurable else True
+
+
+def kind(verdict_text: str) -> str:
+  """A verdict's kind, without its details: "not measurable at this preset: ..." -> "not measurable at this
+  preset", "inconclusive (n=48)" -> "inconclusive"."""
+  return verdict_text.split(": ")[0].split(" (")[0]
 
 
 def _figure(values: list) -> str:
@@ -144,18 +218,98 @@ def _figure(values: list) -> str:
   return f"{sum(vals) / len(vals):.4g} ({min(vals):.4g} to {max(vals):.4g})"
 
 
-def verdict(claim: Claim, results_per_seed: list[dict], preset: str) -> dict:
-  """The claim's verdict over one or more seeds' results, with the measured figures."""
-  ours = {k: _figure([r.get(k) for r in results_per_seed]) for k in claim.keys}
+def _scores(values) -> np.ndarray | None:
+  try:
+    a = np.asarray(values, np.float64)
+  except (TypeError, ValueError):
+    return None
+  return a if a.ndim == 1 and a.size and np.isfinite(a).all() else None
+
+
+def bootstrap(a_per_seed: list, b_per_seed: list, resamples: int = RESAMPLES, level: float = LEVEL) -> dict:
+  """The percentile bootstrap interval of mean(A) - mean(B), the seeds' items pooled.
+
+  Paired (items resampled together) when every seed gives A and B the same number of items, else A's and B's
+  items are resampled independently. The RNG seed is fixed: the same scores give the same interval.
+
+  Returns:
+    {"mean", "low", "high", "n" (items of A, pooled), "n_b", "paired"}.
+  """
+  a, b = np.concatenate(a_per_seed), np.concatenate(b_per_seed)
+  paired = all(len(x) == len(y) for x, y in zip(a_per_seed, b_per_seed))
+  rng, means = np.random.default_rng(0), []
+  chunk = max(1, 4_000_000 // max(len(a), len(b)))  # bounds the index arrays' memory
+  for start in range(0, resamples, chunk):
+    r = min(chunk, resamples - start)
+    if paired:
+      means.append((a - b)[rng.integers(0, len(a), (r, len(a)))].mean(axis=1))
+    else:
+      means.append(a[rng.integers(0, len(a), (r, len(a)))].mean(axis=1)
+                   - b[rng.integers(0, len(b), (r, len(b)))].mean(axis=1))
+  tail = 100 * (1 - level) / 2
+  low, high = np.percentile(np.concatenate(means), [tail, 100 - tail])
+  return {"mean": float(a.mean() - b.mean()), "low": float(low), "high": float(high), "n": int(len(a)),
+          "n_b": int(len(b)), "paired": paired}
+
+
+def _interval(claim: Claim, items_per_seed: list[dict] | None) -> dict | None:
+  """The bootstrap interval of the claim's diff over the seeds' per-item scores; None when any is missing."""
+  if claim.diff is None or not items_per_seed:
+    return None
+  arrays = [[_scores((items or {}).get(name)) for items in items_per_seed] for name in claim.diff]
+  if any(x is None for side in arrays for x in side):
+    return None
+  return bootstrap(*arrays)
+
+
+def _n(iv: dict) -> str:
+  return f"n={iv['n']}" + ("" if iv["paired"] else f" vs {iv['n_b']}")
+
+
+def _describe(claim: Claim, iv: dict) -> str:
+  return (f"{claim.diff[0]} - {claim.diff[1]} = {iv['mean']:.4g}, {LEVEL:.0%} interval [{iv['low']:.4g}, "
+          f"{iv['high']:.4g}] ({_n(iv)}, {'paired' if iv['paired'] else 'unpaired'}, bootstrap over items)")
+
+
+def _worded(claim: Claim, v: str) -> str:
+  if isinstance(claim, Check):
+    return {REPRODUCED: PASSED, NOT_REPRODUCED: CHECK_FAILED}.get(v, v)
+  return v
+
+
+def verdict(claim: Claim, results_per_seed: list[dict], preset: str,
+            items_per_seed: list[dict] | None = None) -> dict:
+  """The claim's verdict over one or more seeds' results (and their per-item scores), with the measured figures.
+
+  In order: not measurable (the preset is not the claim's, a key has no finite value, or `measurable` fails on
+  a seed, with its why and figures); with `diff` and per-item scores of every seed, the interval's verdict
+  (field `interval` says it); else the rule's verdict over the seeds (`interval` says why there is none).
+  """
+  ours = {k: _figure([r.get(k) for r in results_per_seed]) for k in claim.all_keys}
   out = {"id": claim.id, "claim": claim.text, "paper": claim.paper, "check": claim.check, "ours": ours,
-         "seeds": len(results_per_seed)}
+         "seeds": len(results_per_seed), "interval": NO_DIFF if claim.diff is None else NO_ITEMS}
+  if claim.measurable:
+    out["measurable"] = claim.measurable
   if preset not in claim.presets or not results_per_seed:
     return dict(out, verdict=NOT_MEASURABLE)
   each = [holds(claim, r) for r in results_per_seed]
-  if any(h is None for h in each):
-    return dict(out, verdict=NOT_MEASURABLE)
+  able = [measurable(claim, r) for r in results_per_seed]
+  if any(h is None for h in each) or any(m is None for m in able):
+    lacking = [k for k in claim.all_keys if not all(_finite(r.get(k)) for r in results_per_seed)]
+    return dict(out, verdict=f"{NOT_MEASURABLE}: no finite value of {', '.join(lacking)} in the results")
+  if not all(able):
+    figures = ", ".join(f"{k}={ours[k]}" for k in claim.measurable_keys)
+    return dict(out, verdict=f"{NOT_MEASURABLE}: {claim.why} ({figures})")
+  iv = _interval(claim, items_per_seed)
+  if iv is not None:
+    out.update(interval=_describe(claim, iv), interval_bounds=[iv["low"], iv["high"]])
+    if iv["low"] > claim.effect:
+      return dict(out, verdict=_worded(claim, REPRODUCED))
+    if iv["high"] <= claim.effect:
+      return dict(out, verdict=_worded(claim, NOT_REPRODUCED))
+    return dict(out, verdict=f"{INCONCLUSIVE} ({_n(iv)})")
   if all(each):
-    return dict(out, verdict=REPRODUCED)
+    return dict(out, verdict=_worded(claim, REPRODUCED))
   if not any(each):
-    return dict(out, verdict=NOT_REPRODUCED)
+    return dict(out, verdict=_worded(claim, NOT_REPRODUCED))
   return dict(out, verdict=f"{UNSTABLE} ({sum(each)} of {len(each)} seeds hold)")

@@ -1,8 +1,10 @@
 """The README's paper table, generated from a claims report (`runs/claims.json`), never typed by hand.
 
-The table sits between two marker comments in README.md; `update` rewrites what is between them. With
-`merge=True` only the rows of the papers the report ran are replaced, and a header line names them and the
-report they now come from (the other rows keep theirs).
+The table sits between two marker comments in README.md; `update` rewrites what is between them. Its header names
+the exact `reproduce` command and the commit(s) of the runs it comes from. The papers' harness checks (the
+benchmark's references behave as designed; `claims.Check`) follow in a table of their own and are not counted as
+claims. With `merge=True` only the rows of the papers the report ran are replaced (in both tables), and a header
+line names them and the report they now come from (the other rows keep theirs).
 """
 from __future__ import annotations
 
@@ -22,32 +24,63 @@ def _fewer_seeds(report: dict) -> str:
   return f"; seeds per experiment where fewer: {', '.join(fewer)}" if fewer else ""
 
 
+def _commits(report: dict) -> str:
+  commits = report.get("commits") or []
+  return f" at commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}" if commits else ""
+
+
 def _source(report: dict) -> str:
   m = report["machine"]
-  return (f"`python -m experiments reproduce --preset {report['preset']} --seeds {report['seeds']}` on "
-          f"{report['generated'][:10]} ({m['processor']}, {m['cpus']} CPUs, jax {m['jax']}{_fewer_seeds(report)})")
+  cmd = report.get("command") or (  # a report from before reports named their command
+      f"python -m experiments reproduce --preset {report['preset']} --seeds {report['seeds']}")
+  return (f"`{cmd}`{_commits(report)} on {report['generated'][:10]} ({m['processor']}, {m['cpus']} CPUs, "
+          f"jax {m['jax']}{_fewer_seeds(report)})")
+
+
+def _verdicts(claims: list[dict]) -> str:
+  return "; ".join(f"{c['claim']}: **{c['verdict']}** ({', '.join(f'{k} {v}' for k, v in c['ours'].items())})"
+                   for c in claims)
 
 
 def _row(short: str, p: dict) -> str:
   if not p["experiments"]:
     return f"| {short} | {_cell(p['title'])} | - | not yet implemented |"
-  parts = []
-  for c in p["claims"]:
-    ours = ", ".join(f"{k} {v}" for k, v in c["ours"].items())
-    parts.append(f"{c['claim']}: **{c['verdict']}** ({ours})")
   return (f"| {short} | {_cell(p['title'])} | {', '.join(p['experiments'])} | "
-          f"{_cell('; '.join(parts)) or 'no claims declared'} |")
+          f"{_cell(_verdicts(p['claims'])) or 'no claims declared'} |")
+
+
+def _check_row(short: str, p: dict) -> str | None:
+  return f"| {short} | {_cell(_verdicts(p['checks']))} |" if p.get("checks") else None
+
+
+def _checks_header(preset: str) -> list[str]:
+  return ["Harness checks (the benchmarks' references behave as designed; not paper claims, not counted above):", "",
+          f"| short name | harness checks at the {preset} preset |", "|---|---|"]
 
 
 def table(report: dict) -> str:
   lines = [f"Claims checked by {_source(report)}:", "",
            "| short name | paper | experiments | claims at the " + report["preset"] + " preset |", "|---|---|---|---|"]
-  return "\n".join(lines + [_row(short, p) for short, p in report["papers"].items()])
+  lines += [_row(short, p) for short, p in report["papers"].items()]
+  checks = [r for r in (_check_row(short, p) for short, p in report["papers"].items()) if r]
+  return "\n".join(lines + ([""] + _checks_header(report["preset"]) + checks if checks else []))
+
+
+def _table_rows(lines: list[str], header: int) -> dict[str, str]:
+  """short name -> row of the table whose header line is lines[header] (up to the first line that is no row)."""
+  rows = {}
+  for line in lines[header + 2:]:
+    if not line.startswith("| "):
+      break
+    rows[line.split("|")[1].strip()] = line
+  return rows
 
 
 def ran(report: dict) -> list[str]:
-  """The papers with an experiment run (or failed) in the report."""
-  return [short for short, p in report["papers"].items() if set(p["experiments"]) & set(report["experiments"])]
+  """The papers with an experiment run (or failed) in the report; one skipped for a missing tool does not count,
+  so a merge keeps the row it has."""
+  done = {n for n, e in report["experiments"].items() if not e.get("skipped")}
+  return [short for short, p in report["papers"].items() if set(p["experiments"]) & done]
 
 
 def _merged(block: str, report: dict) -> str:
@@ -62,10 +95,15 @@ def _merged(block: str, report: dict) -> str:
       line.startswith("Rows for ") and set(line[len("Rows for "):].split(":")[0].split(", ")) <= set(replaced))]
   if replaced:
     notes.append(f"Rows for {', '.join(replaced)}: claims checked by {_source(report)}.")
-  rows = {line.split("|")[1].strip(): line for line in lines[start + 2:] if line.startswith("| ")}
+  rows = _table_rows(lines, start)
   rows.update({short: _row(short, report["papers"][short]) for short in replaced})
   body = [rows.get(short) or _row(short, p) for short, p in report["papers"].items()]
-  return "\n\n".join(notes) + "\n\n" + "\n".join(lines[start:start + 2] + body)
+  at = next((i for i, line in enumerate(lines) if line.startswith("| short name | harness checks")), None)
+  checks = {} if at is None else _table_rows(lines, at)
+  checks.update({short: _check_row(short, report["papers"][short]) for short in replaced})
+  checks = [checks[short] for short in report["papers"] if checks.get(short)]
+  tail = "\n\n" + "\n".join(_checks_header(report["preset"]) + checks) if checks else ""
+  return "\n\n".join(notes) + "\n\n" + "\n".join(lines[start:start + 2] + body) + tail
 
 
 def update(path: str, report: dict, merge: bool = False) -> bool:

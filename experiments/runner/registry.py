@@ -4,8 +4,14 @@ An experiment module calls `register(Experiment(name, Config, presets, run))` at
 is a frozen dataclass, `presets` maps "smoke" / "cpu" / "full" to instances of it, and
 `run(cfg, out_dir, resume) -> dict` trains/evaluates and returns the headline figures. The runner writes
 `config.json`, `results.json` (flat keys) and `summary.md` around it; the experiment writes `metrics.jsonl`
-and its PNG plots. An experiment of a paper names it (`paper=`, a short name of `claims.PAPERS`) and declares
-the paper's claims (`claims=`). Benchmarks register with `register_bench(name, fn)`, `fn(argv) -> dict`.
+and its PNG plots. Per-item scores (what a claim's `diff` bootstraps over) come back under the key `per_item`,
+a mapping of name -> list of numbers (one per evaluated item, in a fixed item order, so that two arrays of one
+length are paired item by item): the runner moves them out of results.json into `items.json` (`read_items`).
+config.json and results.json both record the code's `git_commit` and `git_dirty` (`provenance`). An experiment of
+a paper names it (`paper=`, a short name of `claims.PAPERS`) and declares the paper's claims (`claims=`), its
+harness self-checks apart from them (`checks=`, `claims.Check`s), and what it needs from outside pip's resolver
+(`requires=`, names of `jaxlab.errors.APT` / `NO_DEPS`), which `run_experiment` checks before the experiment
+starts. Benchmarks register with `register_bench(name, fn)`, `fn(argv) -> dict`.
 """
 from __future__ import annotations
 
@@ -15,18 +21,23 @@ import importlib
 import json
 import os
 import pkgutil
+import sys
 import time
 from typing import Any, Callable
 
-from experiments.runner.claims import PAPERS, Claim
+from experiments.runner import provenance
+from experiments.runner.claims import PAPERS, Check, Claim
 from experiments.runner.overrides import OverrideError, apply_overrides, config_dict, flatten  # noqa: F401
 from experiments.runner.plots import plot_curves  # noqa: F401
 from experiments.runner.report import (describe_config, plots_in, read_results, results_table,  # noqa: F401
                                        write_report, write_summary)
 from experiments.runner.rundirs import (RESULT_FILES, RunDirExists, discard_failed_start, has_results,  # noqa: F401
                                         resolve_run_dir)
+from jaxlab import errors
 
 PRESETS = ("smoke", "cpu", "full")
+PER_ITEM, ITEMS_FILE = "per_item", "items.json"
+RUNNER_KEYS = ("wall_s", "git_commit", "git_dirty")  # results.json keys the runner adds to an experiment's own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +53,13 @@ class Experiment:
     resume_may_change: top-level config fields allowed to differ from the saved config.json on --resume.
     paper: the short name of the paper this experiment reproduces (None: infrastructure, e.g. lm_pretrain).
     claims: the paper's claims, checked on results.json by `reproduce`.
+    checks: harness self-checks (`claims.Check`: the benchmark's references behave as designed, a
+      constructed-wrong agent scores low), judged like claims and reported apart, never counted as claims.
     seed_key: the config field `reproduce --seeds N` varies, or a tuple of them (dotted names reach nested
       configs; all move together; held as a tuple); None: the experiment is not repeated.
+    requires: the tools and no-deps wheels a run needs (keys of `jaxlab.errors.APT` / `NO_DEPS`: "bwrap",
+      "espeak-ng", "wordnet", "textworld", ...), or `cfg -> such names` when that depends on the config; checked
+      before the run starts (MissingDependency), so a missing one costs no computation.
   """
   name: str
   config_cls: type
@@ -53,14 +69,18 @@ class Experiment:
   resume_may_change: tuple[str, ...] = ()
   paper: str | None = None
   claims: tuple[Claim, ...] = ()
+  checks: tuple[Check, ...] = ()
   seed_key: str | tuple[str, ...] | None = "seed"
+  requires: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
 
   def __post_init__(self):
     if self.paper is not None and self.paper not in PAPERS:
       raise ValueError(f"experiment {self.name!r}: paper {self.paper!r} is not one of {list(PAPERS)}")
-    ids = [c.id for c in self.claims]
+    ids = [c.id for c in self.claims + self.checks]
     if len(set(ids)) != len(ids):
-      raise ValueError(f"experiment {self.name!r}: claim ids repeat: {ids}")
+      raise ValueError(f"experiment {self.name!r}: claim and check ids repeat: {ids}")
+    if any(isinstance(c, Check) for c in self.claims) or not all(isinstance(c, Check) for c in self.checks):
+      raise TypeError(f"experiment {self.name!r}: claims= takes Claims, checks= takes Checks")
     fields = {f.name for f in dataclasses.fields(self.config_cls)}
     if self.seed_key == "seed" and "seed" not in fields:  # the default, for configs without a seed
       object.__setattr__(self, "seed_key", None)
@@ -78,6 +98,21 @@ class Experiment:
       if not isinstance(c, self.config_cls):
         raise TypeError(f"experiment {self.name!r}: preset {p!r} is a {type(c).__name__}, expected "
                         f"{self.config_cls.__name__}")
+      self.requirements(c)
+
+  def requirements(self, cfg) -> tuple[str, ...]:
+    """The names `requires` gives for `cfg` (a ValueError for one that `jaxlab.errors` does not know)."""
+    names = tuple(self.requires(cfg) if callable(self.requires) else self.requires)
+    unknown = [n for n in names if n not in errors.APT and n not in errors.NO_DEPS]
+    if unknown:
+      raise ValueError(f"experiment {self.name!r}: requires names {unknown}, none of jaxlab.errors' "
+                       f"{sorted(errors.APT) + sorted(errors.NO_DEPS)}")
+    return names
+
+  def check_requirements(self, cfg) -> None:
+    """Raises jaxlab.errors.MissingDependency for the first requirement at `cfg` that is not installed."""
+    for name in self.requirements(cfg):
+      errors.require(name, f"{self.name}'s {errors.APT[name][1]}" if name in errors.APT else self.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,25 +211,50 @@ def _check_resume_config(exp: Experiment, out_dir: str, cfg) -> None:
                      f"{list(exp.resume_may_change)} may change on resume")
 
 
+def _per_item(name: str, items) -> dict[str, list[float]]:
+  """`run()`'s per-item scores as name -> list of floats; anything else is left out with a warning (the run's
+  results are kept)."""
+  if items is None:
+    return {}
+  try:
+    return {str(k): [float(v) for v in vs] for k, vs in dict(items).items()}
+  except (TypeError, ValueError) as e:
+    print(f"warning: {name}: {PER_ITEM} is not a mapping of names to lists of numbers ({e}); no items.json",
+          file=sys.stderr, flush=True)
+    return {}
+
+
+def read_items(run_dir: str) -> dict[str, list[float]]:
+  """A run's per-item scores (items.json), or {} for a run that recorded none."""
+  try:
+    with open(os.path.join(run_dir, ITEMS_FILE)) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return {}
+
+
 def run_experiment(name: str, preset: str, overrides=(), out: str | None = None, resume: bool = False,
                    root: str = "runs") -> tuple[str, dict]:
   """Runs one experiment end to end; returns (run directory, results).
 
   A run that fails before writing anything of its own (a bad path, a config the experiment rejects at
-  start-up) leaves no trace in its run directory.
+  start-up) leaves no trace in its run directory; one whose `requires` are not installed (MissingDependency)
+  fails before it has a run directory.
   """
   exp = get(name)
   if preset not in exp.presets:
     raise ValueError(f"unknown preset {preset!r} for {name}; expected one of {sorted(exp.presets)}")
   cfg = apply_overrides(exp.presets[preset], overrides)
+  exp.check_requirements(cfg)
   out_dir = resolve_run_dir(name, out, resume, root)
   if resume:
     _check_resume_config(exp, out_dir, cfg)
     if not has_results(out_dir) and _is_main():
       print(f"--resume: {out_dir} holds no run yet; starting from scratch", flush=True)
   _barrier("jaxlab_run_dir")
+  code = provenance.current()
   meta = {"experiment": name, "preset": preset, "overrides": list(overrides),
-          "started": datetime.datetime.now().isoformat(timespec="seconds"), "config": config_dict(cfg)}
+          "started": datetime.datetime.now().isoformat(timespec="seconds"), **code, "config": config_dict(cfg)}
   existed, written = os.path.isdir(out_dir), set()
   if _is_main():
     os.makedirs(out_dir, exist_ok=True)
@@ -206,14 +266,22 @@ def run_experiment(name: str, preset: str, overrides=(), out: str | None = None,
     written.add(cfg_path)
   _barrier("jaxlab_run_dir_made")
   t0 = time.time()
+  from jaxlab.train import interrupt
   try:
-    results = flatten(dict(exp.run(cfg, out_dir, resume) or {}))
+    with interrupt.handled():  # Ctrl-C: never lost; in the training loops, at a step boundary
+      results = dict(exp.run(cfg, out_dir, resume) or {})
   except BaseException:
     if _is_main():
       discard_failed_start(out_dir, existed, written)
     raise
+  items = _per_item(name, results.pop(PER_ITEM, None))
+  results = flatten(results)
   results.setdefault("wall_s", round(time.time() - t0, 2))
+  results.update(code)
   if _is_main():
+    if items:
+      with open(os.path.join(out_dir, ITEMS_FILE), "w") as f:
+        json.dump(items, f)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
       json.dump(results, f, indent=1, default=str)
     write_summary(out_dir, name, preset, list(overrides), results)

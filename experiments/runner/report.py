@@ -9,7 +9,7 @@ import os
 import typing
 from typing import Any
 
-from experiments.runner import overrides
+from experiments.runner import claims as claims_lib, overrides
 
 
 def fmt(v) -> str:
@@ -44,38 +44,57 @@ def _cell(text) -> str:
   return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def counts(verdicts: list[dict]) -> str:
+  """"2 reproduced, 1 not measurable at this preset": how many verdicts of each kind, in order of appearance."""
+  kinds = [claims_lib.kind(c["verdict"]) for c in verdicts]
+  return ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
+
+
 def papers_table(report: dict) -> str:
-  """One line per paper: its experiments and how many of its claims reproduced at the report's preset."""
+  """One line per paper: its experiments and how many of its claims reproduced at the report's preset (its harness
+  checks after them, counted apart)."""
   lines = ["| paper | title | experiments | claims at this preset |", "|---|---|---|---|"]
   for short, p in report["papers"].items():
     if not p["experiments"]:
       status = "not yet implemented"
     else:
-      verdicts = [c["verdict"] for c in p["claims"]]
-      counts = {v: sum(1 for x in verdicts if x.split(" (")[0] == v) for v in dict.fromkeys(
-          x.split(" (")[0] for x in verdicts)}
-      status = ", ".join(f"{n} {v}" for v, n in counts.items()) or "no claims declared"
+      status = counts(p["claims"]) or "no claims declared"
+      if p.get("checks"):
+        status += f" (harness checks, not claims: {counts(p['checks'])})"
     lines.append(f"| {short} | {_cell(p['title'])} | {', '.join(p['experiments']) or '-'} | {status} |")
   return "\n".join(lines)
 
 
 def claims_table(claims: list[dict]) -> str:
+  """The claims' (or checks') verdicts, with the interval where per-item scores gave one."""
   lines = ["| claim | paper's figure | ours | verdict |", "|---|---|---|---|"]
   for c in claims:
     ours = "; ".join(f"{k} = {v}" for k, v in c["ours"].items())
-    lines.append(f"| {_cell(c['claim'])} | {_cell(c['paper'])} | {_cell(ours)} | {c['verdict']} |")
+    verdict = c["verdict"] + (f"; {c['interval']}" if c.get("interval_bounds") else "")
+    lines.append(f"| {_cell(c['claim'])} | {_cell(c['paper'])} | {_cell(ours)} | {_cell(verdict)} |")
   return "\n".join(lines)
 
 
+def skipped_list(report: dict) -> list[str]:
+  """Lines naming the experiments skipped for a missing tool or package, and why; none when none was."""
+  skipped = [f"- {name}: {e['skipped']}" for name, e in report["experiments"].items() if e.get("skipped")]
+  if not skipped:
+    return []
+  return ["Skipped, for a tool or package that is not installed (install it and rerun them):", ""] + skipped + [""]
+
+
 def write_report(root: str, report: dict) -> str:
-  """`root/report.md` from a claims report (`reproduce.build`): the papers table, then per paper its claims,
-  each run's results and plots, then the experiments that belong to no paper."""
+  """`root/report.md` from a claims report (`reproduce.build`): the command and commits, the papers table, the
+  experiments skipped for a missing tool or package, then per paper its claims, its harness checks apart, each run's
+  results and plots, then the experiments that belong to no paper."""
   path = os.path.join(root, "report.md")
   m = report["machine"]
   lines = [f"# jaxlab claims report (preset {report['preset']})", "",
            f"Generated {report['generated']} on {m['processor']}, {m['cpus']} CPUs, {m['backend']} x "
            f"{m['devices']} (jax {m['jax']}; {m['platform']}); seeds per experiment: {report['seeds']}. "
-           "Verdicts are computed from results.json only.", "", papers_table(report), ""]
+           "Verdicts are computed from results.json (and items.json's per-item scores) only.", "",
+           f"Command: `{report.get('command', '-')}`; runs made at commit(s) "
+           f"{', '.join(report.get('commits') or ['-'])}.", "", papers_table(report), ""] + skipped_list(report)
   done = set()
 
   def runs(name):
@@ -85,6 +104,8 @@ def write_report(root: str, report: dict) -> str:
     e = report["experiments"][name]
     if e.get("error"):
       return out + [f"**Failed:** `{e['error']}`", ""]
+    if e.get("skipped"):
+      return out + [f"**Skipped:** {e['skipped']}", ""]
     for run_dir, results in zip(e.get("run_dirs", []), e.get("results_per_seed", [])):
       out += [f"Run directory: `{run_dir}`", "", results_table(results), ""]
       out += [f"![{name}: {p}]({os.path.relpath(os.path.join(run_dir, p), root)})" for p in plots_in(run_dir)]
@@ -95,6 +116,9 @@ def write_report(root: str, report: dict) -> str:
     if not p["experiments"]:
       continue
     lines += [f"## {short}: {p['title']}", "", claims_table(p["claims"]), ""]
+    if p.get("checks"):
+      lines += ["Harness checks (the benchmark's own references and constructed-wrong agents; not paper claims):", "",
+                claims_table(p["checks"]), ""]
     for name in p["experiments"]:
       lines += runs(name)
       done.add(name)

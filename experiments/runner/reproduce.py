@@ -1,9 +1,14 @@
 """`python -m experiments reproduce`: every experiment (optionally over several seeds), then the claims report.
 
 Resumable: a (experiment, seed) whose run directory under the root already holds results for the same preset
-and config is read, not rerun (`force=True` reruns it into a fresh directory, keeping the old one); one that
-holds the same config without results (an interrupted run) is resumed. Seed k > 0 of an experiment sets each of
-its `seed_key` fields (dotted names reach nested configs) to the preset's value + k and runs in `root/NAME.seedK`.
+and config, made at the current git commit from a clean tree (`provenance`), is read, not rerun (`force=True`
+reruns it into a fresh directory, keeping the old one); one that holds the same config and code without results
+(an interrupted run) is resumed. A run of other code is kept and run again in a fresh directory, unless
+`reuse_any` (`--reuse-any`) takes a run of any code; the report records the command and its runs' commits.
+Seed k > 0 of an experiment sets each of its `seed_key` fields (dotted names reach nested configs) to the
+preset's value + k and runs in `root/NAME.seedK`.
+An experiment whose tools or packages are not installed (jaxlab.errors.MissingDependency, raised before it starts
+when it declares them) is skipped, not failed: the report names what to install, its claims read "skipped".
 """
 from __future__ import annotations
 
@@ -15,10 +20,11 @@ import traceback
 from typing import Callable
 
 from experiments.runner import claims as claims_lib
-from experiments.runner import registry
+from experiments.runner import provenance, registry
 from experiments.runner.overrides import apply_overrides, config_dict
 from experiments.runner.report import write_report
 from experiments.runner.rundirs import has_results
+from jaxlab import errors
 
 
 def _candidates(base: str):
@@ -37,15 +43,22 @@ def _saved(run_dir: str) -> dict | None:
     return None
 
 
-def matching_run(base: str, preset: str, cfg) -> tuple[str | None, bool]:
+def matching_run(base: str, preset: str, cfg, code: dict | None = None) -> tuple[str | None, bool]:
   """(directory, done): the run under `base` or `base-K` with this preset and config (done when it has
-  results.json), or (None, False)."""
+  results.json), or (None, False); with `code` (`provenance.current()`), only one made by that code."""
   want = config_dict(cfg)
   for d in _candidates(base):
     meta = _saved(d)
-    if meta and meta.get("preset") == preset and meta.get("config") == want:
+    if meta and meta.get("preset") == preset and meta.get("config") == want and (
+        code is None or provenance.same_code(meta, code)):
       return os.path.abspath(d), os.path.exists(os.path.join(d, "results.json"))
   return None, False
+
+
+def command(preset: str, seeds: int, only=None, reuse_any: bool = False) -> str:
+  """The reproduce command line that makes a report with these settings."""
+  return (f"python -m experiments reproduce --preset {preset} --seeds {seeds}"
+          + (f" --only {' '.join(only)}" if only else "") + (" --reuse-any" if reuse_any else ""))
 
 
 def first_free(base: str) -> str:
@@ -77,8 +90,14 @@ def machine() -> dict:
 
 
 def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = False,
-              on_error: Callable[[str, BaseException], None] | None = None) -> tuple[str, int]:
-  """Runs the experiments, writes `root/report.md` and `root/claims.json`; returns (report path, failures)."""
+              on_error: Callable[[str, BaseException], None] | None = None,
+              on_skip: Callable[[str, errors.MissingDependency], None] | None = None,
+              reuse_any: bool = False) -> tuple[str, int, int]:
+  """Runs the experiments, writes `root/report.md` and `root/claims.json`; returns (report path, failures, skips).
+
+  `on_error(name, exception)` reports a failed experiment (default: its traceback), `on_skip(name, exception)` one
+  skipped for a MissingDependency (default: nothing). `reuse_any`: read back (or resume) a run of this preset and
+  config whatever code made it."""
   if seeds < 1:
     raise ValueError(f"--seeds must be >= 1, found {seeds}")
   exps = registry.experiments()
@@ -92,28 +111,43 @@ def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = F
       sets = () if k == 0 else tuple(f"{key}={s + k}" for key, s in zip(keys, base_seeds))
       cfg = apply_overrides(exp.presets[preset], sets)
       plan.append((name, k, sets, os.path.join(root, name if k == 0 else f"{name}.seed{k}"), cfg))
-  entries = {name: {"name": name, "run_dirs": [], "results_per_seed": []} for name in names}
-  failed, t_start, ran_s, ran_n = 0, time.time(), 0.0, 0
+  entries = {name: {"name": name, "run_dirs": [], "results_per_seed": [], "items_per_seed": [], "commits": []}
+             for name in names}
+  code = None if reuse_any else provenance.current()
+  failed, skipped, t_start, ran_s, ran_n = 0, 0, time.time(), 0.0, 0
   for name, err in registry.import_errors().items():
     if not only or name in only:
       entries[name] = {"name": name, "error": f"import failed: {err}"}
       failed += 1
   for i, (name, k, sets, base, cfg) in enumerate(plan):
+    if entries[name].get("skipped"):  # its other seeds lack the same tool
+      continue
     elapsed = time.time() - t_start
     left = "" if not ran_n else f", about {_duration(ran_s / ran_n * (len(plan) - i))} left"
     label = name + (f" seed +{k}" if k else "")
     print(f"=== [{i + 1}/{len(plan)}] {label} ({preset}); elapsed {_duration(elapsed)}{left}", flush=True)
-    out_dir, done = matching_run(base, preset, cfg)
+    out_dir, done = matching_run(base, preset, cfg, code)
     if done and not force:
       print(f"    {out_dir} already holds these results; not rerun (--force reruns)", flush=True)
       results = registry.read_results(out_dir)
     else:
+      other = matching_run(base, preset, cfg)[0] if out_dir is None and code is not None else None
+      if other:
+        print(f"    {other} holds this config, made by other or uncommitted code (commit "
+              f"{provenance.label(_saved(other))}; now {provenance.label(code)}); run again (--reuse-any reads it "
+              "back)", flush=True)
       resume = out_dir is not None and not done  # an interrupted run of this config continues
       if not resume:  # a fresh directory; a finished run (with --force) is kept
         out_dir = first_free(base)
       t0 = time.time()
       try:
         out_dir, results = registry.run_experiment(name, preset, sets, out_dir, resume)
+      except errors.MissingDependency as e:
+        if on_skip:
+          on_skip(name, e)
+        entries[name].update(skipped=str(e), missing=e.package)
+        skipped += 1
+        continue
       except Exception as e:  # noqa: BLE001  (one failed experiment must not hide the others' results)
         (on_error or (lambda n, x: traceback.print_exc()))(name, e)
         entries[name]["error"] = f"{type(e).__name__}: {e}"
@@ -122,30 +156,42 @@ def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = F
       ran_s, ran_n = ran_s + time.time() - t0, ran_n + 1
     entries[name]["run_dirs"].append(out_dir)
     entries[name]["results_per_seed"].append(results)
-  report = build(list(entries.values()), exps, preset, seeds)
+    entries[name]["items_per_seed"].append(registry.read_items(out_dir))
+    entries[name]["commits"].append(provenance.label(results))
+  report = build(list(entries.values()), exps, preset, seeds, command(preset, seeds, only, reuse_any))
   os.makedirs(root, exist_ok=True)
   with open(os.path.join(root, "claims.json"), "w") as f:
     json.dump(report, f, indent=1, default=str)
-  return write_report(root, report), failed
+  return write_report(root, report), failed, skipped
 
 
-def build(entries: list[dict], exps: dict, preset: str, seeds: int) -> dict:
-  """The claims report as data: per paper its experiments' claim verdicts; per experiment its runs."""
-  papers = {short: {"title": title, "experiments": [], "claims": []} for short, title in claims_lib.PAPERS.items()}
+def judged(c: claims_lib.Claim, e: dict | None, preset: str) -> dict:
+  """One claim's (or check's) verdict on an experiment's entry of the report (None: not run)."""
+  if e is None:
+    return dict(claims_lib.verdict(c, [], preset), verdict=claims_lib.NOT_RUN)
+  if e.get("error"):
+    return dict(claims_lib.verdict(c, [], preset), verdict=claims_lib.FAILED)
+  if e.get("skipped"):
+    return dict(claims_lib.verdict(c, [], preset), verdict=f"{claims_lib.SKIPPED} ({e['missing']} not installed)")
+  return claims_lib.verdict(c, e["results_per_seed"], preset, e.get("items_per_seed"))
+
+
+def build(entries: list[dict], exps: dict, preset: str, seeds: int, cmd: str | None = None) -> dict:
+  """The claims report as data: per paper its experiments' claim verdicts and, apart, their harness checks' (never
+  counted as claims); per experiment its runs (results, per-item scores, commits); the command and the commits
+  of its runs."""
+  papers = {short: {"title": title, "experiments": [], "claims": [], "checks": []}
+            for short, title in claims_lib.PAPERS.items()}
   by_name = {e["name"]: e for e in entries}
   for name, exp in exps.items():
     if exp.paper is None:
       continue
     papers[exp.paper]["experiments"].append(name)
-    e = by_name.get(name)
-    for c in exp.claims:
-      if e is None:
-        v = dict(claims_lib.verdict(c, [], preset), verdict=claims_lib.NOT_RUN)
-      elif e.get("error"):
-        v = dict(claims_lib.verdict(c, [], preset), verdict=claims_lib.FAILED)
-      else:
-        v = claims_lib.verdict(c, e["results_per_seed"], preset)
-      papers[exp.paper]["claims"].append(dict(v, experiment=name))
+    for group in ("claims", "checks"):
+      papers[exp.paper][group] += [dict(judged(c, by_name.get(name), preset), experiment=name)
+                                   for c in getattr(exp, group)]
   return {"preset": preset, "seeds": seeds, "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
+          "command": cmd or command(preset, seeds),
+          "commits": sorted({c for e in entries for c in e.get("commits", ())}),
           "machine": machine(), "papers": papers,
           "experiments": {e["name"]: {k: v for k, v in e.items() if k != "name"} for e in entries}}

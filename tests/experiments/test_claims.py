@@ -1,13 +1,17 @@
-"""The claims report: verdicts computed from results.json, seeds, resumable reproduce, the README table."""
+"""The claims report: verdicts computed from results.json, seeds, resumable reproduce, the README table;
+measurability (floor, ceiling, chance), bootstrap intervals over per-item scores, harness checks kept apart, runs
+read back only from the same code, and `judge`."""
 import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 
 from experiments import __main__ as cli
 from experiments import registry
 from experiments.runner import claims as claims_lib
+from experiments.runner import provenance
 from experiments.runner import readme as readme_lib
 
 
@@ -42,8 +46,12 @@ def toy(monkeypatch):
           "toy_b": registry.Experiment("toy_b", Cfg, presets, _run, "b")}
   monkeypatch.setattr(registry, "experiments", lambda: exps)
   monkeypatch.setattr(registry, "import_errors", lambda: {})
+  monkeypatch.setattr(provenance, "current", lambda: dict(CODE))  # a clean checkout, whatever this one is
   RUNS.clear()
   return exps
+
+
+CODE = {"git_commit": "c0ffee" * 6 + "c0ff", "git_dirty": False}
 
 
 def test_checks_are_arithmetic_and_comparisons_only():
@@ -149,7 +157,8 @@ def test_readme_merge_replaces_only_the_rows_of_papers_the_report_ran(toy, tmp_p
   after = readme.read_text().splitlines()
   changed = [line for line in after if line not in before]
   assert len(changed) == 2 and changed[0].startswith("Rows for scale: claims checked by `python -m experiments "
-                                                     "reproduce --preset cpu --seeds 1` on ")
+                                                     "reproduce --preset cpu --seeds 1 --only toy_a` at commit "
+                                                     "c0ffeec0ffee on ")
   assert changed[1].startswith("| scale |") and "**reproduced** (loss.ours 1, loss.base 1.5)" in changed[1]
   assert [line for line in before if line not in after] == [next(x for x in before if x.startswith("| scale |"))]
   assert after[after.index(readme_lib.BEGIN) + 1] == before[before.index(readme_lib.BEGIN) + 1]  # other rows' source
@@ -172,9 +181,11 @@ def test_readme_table_names_experiments_run_on_fewer_seeds():
 def test_the_projects_readme_carries_a_generated_table():
   text = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
   assert readme_lib.BEGIN in text and readme_lib.END in text
-  block = text.split(readme_lib.BEGIN)[1].split(readme_lib.END)[0]
-  rows = [line.split("|")[1].strip() for line in block.splitlines() if line.startswith("| ") and "---" not in line]
-  assert rows[1:] == list(claims_lib.PAPERS)
+  lines = text.split(readme_lib.BEGIN)[1].split(readme_lib.END)[0].splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith("| short name | paper |"))
+  end = start + 2 + len(claims_lib.PAPERS)
+  assert [line.split("|")[1].strip() for line in lines[start + 2:end]] == list(claims_lib.PAPERS)
+  assert not lines[end:end + 1] or not lines[end].startswith("| ")  # a harness-checks table may follow, apart
 
 
 def test_experiments_left_out_or_failing_are_reported_as_such(toy, tmp_path, monkeypatch):
@@ -186,3 +197,183 @@ def test_experiments_left_out_or_failing_are_reported_as_such(toy, tmp_path, mon
   assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 1
   claims = json.load(open(os.path.join(root, "claims.json")))["papers"]["scale"]
   assert {c["verdict"] for c in claims["claims"]} == {"experiment failed"}
+
+
+# ----------------------------------------------------------------------------- measurability and intervals
+
+BEATS = claims_lib.Claim("beats", "A answers more items right than B", "A above B", "{acc.a} > {acc.b}",
+                         measurable="max({acc.a}, {acc.b}) > 0 and min({acc.a}, {acc.b}) < 1 and {acc.base} > 0.5",
+                         why="both at 0 (the floor) or 1 (the ceiling), or the base model at chance (0.5)",
+                         diff=("acc.a", "acc.b"))
+
+
+def _figures(a, b, base=0.75) -> dict:
+  return {"acc.a": float(np.mean(a)), "acc.b": float(np.mean(b)), "acc.base": base}
+
+
+@pytest.mark.parametrize("results,figures", [
+    ({"acc.a": 0.0, "acc.b": 0.0, "acc.base": 0.75}, "acc.base=0.75"),  # the floor
+    ({"acc.a": 1.0, "acc.b": 1.0, "acc.base": 0.75}, "acc.base=0.75"),  # the ceiling
+    ({"acc.a": 0.7, "acc.b": 0.5, "acc.base": 0.5}, "acc.base=0.5"),  # chance
+])
+def test_floor_ceiling_and_chance_are_not_measurable_with_the_why_and_the_figures(results, figures):
+  v = claims_lib.verdict(BEATS, [results], "cpu")
+  a, b = (f"{results[k]:.4g}" for k in ("acc.a", "acc.b"))
+  assert v["verdict"] == (f"not measurable at this preset: both at 0 (the floor) or 1 (the ceiling), or the base "
+                          f"model at chance (0.5) (acc.a={a}, acc.b={b}, {figures})")
+  assert claims_lib.kind(v["verdict"]) == claims_lib.NOT_MEASURABLE and v["ours"]["acc.base"] == figures[9:]
+  # over seeds: one seed at the floor is enough
+  two = claims_lib.verdict(BEATS, [results, {"acc.a": 0.7, "acc.b": 0.4, "acc.base": 0.75}], "cpu")
+  assert two["verdict"].startswith("not measurable at this preset: both at 0")
+  lacking = claims_lib.verdict(BEATS, [{"acc.a": 0.7, "acc.b": 0.4}], "cpu")["verdict"]
+  assert lacking == "not measurable at this preset: no finite value of acc.base in the results"
+
+
+def test_intervals_decide_reproduced_not_reproduced_and_inconclusive():
+  rng = np.random.default_rng(1)
+  strong, weak = (rng.random(200) < 0.8).astype(float), (rng.random(200) < 0.4).astype(float)
+  v = claims_lib.verdict(BEATS, [_figures(strong, weak)], "cpu", [{"acc.a": strong, "acc.b": weak}])
+  assert v["verdict"] == "reproduced" and 0 < v["interval_bounds"][0] < 0.4 < v["interval_bounds"][1]
+  assert v["interval"].startswith("acc.a - acc.b = 0.") and "(n=200, paired, bootstrap over items)" in v["interval"]
+  assert claims_lib.verdict(BEATS, [_figures(strong, weak)], "cpu", [{"acc.a": strong, "acc.b": weak}]) == v
+  v = claims_lib.verdict(BEATS, [_figures(weak, strong)], "cpu", [{"acc.a": weak, "acc.b": strong}])
+  assert v["verdict"] == "not reproduced" and v["interval_bounds"][1] < 0
+  same = np.tile([1.0, 0.0], 20)
+  v = claims_lib.verdict(BEATS, [_figures(same, same)], "cpu", [{"acc.a": same, "acc.b": same}])
+  assert v["verdict"] == "not reproduced" and v["interval_bounds"] == [0.0, 0.0]  # excludes any positive difference
+  # one item's difference in 20: the rule holds, the interval cannot tell
+  a, b = same.copy()[:20], same.copy()[:20]
+  a[1] = 1.0
+  v = claims_lib.verdict(BEATS, [_figures(a, b)], "cpu", [{"acc.a": a, "acc.b": b}])
+  assert claims_lib.holds(BEATS, _figures(a, b)) and v["verdict"] == "inconclusive (n=20)"
+  assert v["interval_bounds"][0] <= 0 < v["interval_bounds"][1]
+  # seeds pooled; arrays of other lengths are unpaired; a claimed effect moves the bar
+  two = [{"acc.a": strong[:100], "acc.b": weak[:100]}, {"acc.a": strong[100:], "acc.b": weak[100:]}]
+  v = claims_lib.verdict(BEATS, [_figures(strong[:100], weak[:100]), _figures(strong[100:], weak[100:])], "cpu", two)
+  assert v["verdict"] == "reproduced" and "(n=200, paired" in v["interval"]
+  v = claims_lib.verdict(BEATS, [_figures(strong, weak[:150])], "cpu", [{"acc.a": strong, "acc.b": weak[:150]}])
+  assert v["verdict"] == "reproduced" and "(n=200 vs 150, unpaired" in v["interval"]
+  big = dataclasses.replace(BEATS, effect=0.6)
+  assert claims_lib.verdict(big, [_figures(strong, weak)], "cpu", [{"acc.a": strong, "acc.b": weak}])[
+      "verdict"] == "not reproduced"
+
+
+def test_without_per_item_scores_the_rule_decides_and_says_so():
+  res = {"acc.a": 0.7, "acc.b": 0.4, "acc.base": 0.75}
+  v = claims_lib.verdict(BEATS, [res], "cpu", [{}])
+  assert v["verdict"] == "reproduced" and v["interval"] == "(no interval: per-item scores not recorded)"
+  assert "interval_bounds" not in v
+  assert claims_lib.verdict(CLAIMS[0], [res], "cpu")["interval"] == "(no interval: no per-item difference declared)"
+  with pytest.raises(ValueError, match="needs its why"):
+    claims_lib.Claim("x", "t", "p", "{a} > {b}", measurable="{a} > 0")
+  with pytest.raises(ValueError, match="two different per-item arrays"):
+    claims_lib.Claim("x", "t", "p", "{a} > {b}", diff=("a", "a"))
+
+
+def test_checks_are_worded_apart_and_must_be_declared_as_checks():
+  check = claims_lib.Check("refs", "the references pass", "(validation)", "{ref} == 1")
+  assert claims_lib.verdict(check, [{"ref": 1.0}], "cpu")["verdict"] == "passed"
+  assert claims_lib.verdict(check, [{"ref": 0.5}], "cpu")["verdict"] == "failed"
+  presets = {p: Cfg() for p in registry.PRESETS}
+  with pytest.raises(TypeError, match="checks= takes Checks"):
+    registry.Experiment("toy_c", Cfg, presets, _run, checks=(CLAIMS[0],))
+  with pytest.raises(ValueError, match="ids repeat"):
+    registry.Experiment("toy_c", Cfg, presets, _run, claims=(CLAIMS[0],),
+                        checks=(claims_lib.Check("beats", "t", "p", "{ref} == 1"),))
+
+
+ITEMS = {"right.ours": [1.0] * 45 + [0.0] * 5, "right.base": [1.0] * 20 + [0.0] * 30}
+
+
+def _run_items(cfg, out_dir, resume):
+  RUNS.append((cfg.seed, out_dir))
+  return {"acc.ours": 0.9, "acc.base": 0.4, "ref": 1.0, "per_item": ITEMS}
+
+
+@pytest.fixture
+def toy_items(toy, monkeypatch):
+  claim = claims_lib.Claim("beats_base", "ours answers more items than the base", "x", "{acc.ours} > {acc.base}",
+                           diff=("right.ours", "right.base"))
+  check = claims_lib.Check("refs", "the reference scores 1", "(validation)", "{ref} == 1")
+  presets = {p: Cfg() for p in registry.PRESETS}
+  exp = registry.Experiment("toy_i", Cfg, presets, _run_items, paper="polar", claims=(claim,), checks=(check,))
+  monkeypatch.setitem(toy, "toy_i", exp)
+  return exp
+
+
+def test_per_item_scores_reach_items_json_and_the_report_with_checks_apart(toy_items, tmp_path):
+  root = str(tmp_path / "runs")
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_i"]) == 0
+  run = os.path.join(root, "toy_i")
+  assert json.load(open(os.path.join(run, "items.json"))) == ITEMS
+  results = json.load(open(os.path.join(run, "results.json")))
+  assert "per_item" not in results and results["git_commit"] == CODE["git_commit"] and results["git_dirty"] is False
+  assert json.load(open(os.path.join(run, "config.json")))["git_commit"] == CODE["git_commit"]
+  report = json.load(open(os.path.join(root, "claims.json")))
+  assert report["command"] == "python -m experiments reproduce --preset cpu --seeds 1 --only toy_i"
+  assert report["commits"] == ["c0ffeec0ffee"]
+  polar = report["papers"]["polar"]
+  assert [c["id"] for c in polar["claims"]] == ["beats_base"] and [c["id"] for c in polar["checks"]] == ["refs"]
+  assert polar["claims"][0]["verdict"] == "reproduced" and "(n=50, paired" in polar["claims"][0]["interval"]
+  assert polar["checks"][0]["verdict"] == "passed"
+  md = open(os.path.join(root, "report.md")).read()
+  assert "| polar | Program-of-Layers | toy_i | 1 reproduced (harness checks, not claims: 1 passed) |" in md
+  assert "Harness checks (the benchmark's own references" in md and "runs made at commit(s) c0ffeec0ffee" in md
+  table = readme_lib.table(report)
+  row = next(line for line in table.splitlines() if line.startswith("| polar |"))
+  assert "ours answers more items than the base: **reproduced**" in row and "reference" not in row
+  assert "| polar | the reference scores 1: **passed** (ref 1) |" in table.splitlines()[-1]
+  assert table.splitlines()[0].startswith("Claims checked by `python -m experiments reproduce --preset cpu --seeds 1 "
+                                          "--only toy_i` at commit c0ffeec0ffee on ")
+  # a merge keeps the checks table apart from the paper rows, and replaces its rows like theirs
+  readme = tmp_path / "README.md"
+  readme.write_text(f"{readme_lib.BEGIN}\n{table}\n{readme_lib.END}\n")
+  assert readme_lib.update(str(readme), report, merge=True)  # adds the "Rows for polar" line
+  block = readme.read_text().split(readme_lib.BEGIN)[1].split(readme_lib.END)[0]
+  assert block.count("| polar |") == 2 and block.count("| short name |") == 2 and "Rows for polar: " in block
+  assert block.strip().endswith("| polar | the reference scores 1: **passed** (ref 1) |")
+  assert not readme_lib.update(str(readme), report, merge=True)  # idempotent
+
+
+def test_runs_of_other_code_are_run_again_unless_reuse_any(toy, tmp_path, monkeypatch, capsys):
+  root = str(tmp_path / "runs")
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_b"]) == 0
+  assert RUNS == [(0, f"{root}/toy_b")]
+  monkeypatch.setattr(provenance, "current", lambda: dict(CODE, git_commit="beef" * 10))  # a later commit
+  RUNS.clear()
+  capsys.readouterr()
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_b"]) == 0
+  assert RUNS == [(0, f"{root}/toy_b-2")] and os.path.exists(f"{root}/toy_b/results.json")  # the old run kept
+  assert "made by other or uncommitted code (commit c0ffeec0ffee; now beefbeefbeef)" in capsys.readouterr().out
+  RUNS.clear()
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_b"]) == 0
+  assert RUNS == []  # the run of this commit is read back
+  monkeypatch.setattr(provenance, "current", lambda: dict(CODE, git_commit="f00d" * 10, git_dirty=True))
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_b"]) == 0
+  assert RUNS == [(0, f"{root}/toy_b-3")]  # a dirty tree: its own runs are never taken for a commit's
+  RUNS.clear()
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_b"]) == 0
+  assert RUNS == [(0, f"{root}/toy_b-4")]
+  RUNS.clear()
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_b", "--reuse-any"]) == 0
+  report = json.load(open(os.path.join(root, "claims.json")))
+  assert RUNS == [] and report["commits"] == ["c0ffeec0ffee"] and report["command"].endswith("--reuse-any")
+
+
+def test_judge_rejudges_a_reproduce_root_with_todays_claims(toy_items, tmp_path, capsys, monkeypatch):
+  root = str(tmp_path / "runs")
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_i", "toy_a"]) == 0
+  capsys.readouterr()
+  assert cli.main(["judge", root]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert "toy_i (cpu): 1 run(s) at commit(s) c0ffeec0ffee" in lines
+  assert any(line.startswith("toy_i claim beats_base: reproduced  [right.ours - right.base = 0.5") for line in lines)
+  assert "toy_i check refs: passed" in lines and "toy_a claim beats: reproduced" in lines
+  assert lines[-1] == "claims: 2 reproduced, 1 not reproduced, 1 not measurable at this preset"
+  # a claim declared differently now: judged by the new declaration, nothing rerun
+  stricter = dataclasses.replace(toy_items.claims[0], measurable="{acc.base} > 0.5", why="the base is at chance")
+  monkeypatch.setitem(registry.experiments(), "toy_i", dataclasses.replace(toy_items, claims=(stricter,)))
+  RUNS.clear()
+  assert cli.main(["judge", os.path.join(root, "toy_i")]) == 0 and RUNS == []
+  assert ("toy_i claim beats_base: not measurable at this preset: the base is at chance (acc.base=0.4)"
+          in capsys.readouterr().out.splitlines())

@@ -1,5 +1,6 @@
 """The CLI as a user runs it: relative run directories from a fresh working directory, one-line errors, failed
-starts that leave nothing behind, help listing config keys, extending a run with --resume, and Ctrl-C."""
+starts that leave nothing behind, help listing config keys, extending a run with --resume, Ctrl-C, and `judge` on
+a run directory made elsewhere."""
 import json
 import os
 import signal
@@ -128,3 +129,28 @@ def test_ctrl_c_keeps_complete_checkpoints_and_prints_the_resume_command(tmp_pat
   assert steps and all((ckpts / d / "commit_success.txt").exists() for d in steps)
   resume = err.strip().splitlines()[-1].split()
   assert resume[:4] == ["python", "-m", "experiments", "run"] and "steps=100000" in resume
+
+
+def test_judge_a_finished_run_directory(tmp_path):
+  """A run made elsewhere (results.json, items.json, config.json), judged by today's polar claims."""
+  run = tmp_path / "polar_gpu"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"experiment": "polar", "preset": "cpu", "config": {}}))
+  full = [1.0] * 60 + [0.0] * 40
+  items = {"acc.full_forward": full, "acc.predictor_top1": full, "pass5.predictor": [1.0] * 90 + [0.0] * 10,
+           "pass5.full_plus_random_edits": [1.0] * 70 + [0.0] * 30}
+  (run / "items.json").write_text(json.dumps(items))
+  results = {k: sum(v) / len(v) for k, v in items.items()}
+  (run / "results.json").write_text(json.dumps(dict(results, git_commit="ab" * 20, git_dirty=False)))
+  out = _cli(tmp_path, "judge", "polar_gpu").stdout.splitlines()
+  assert out[0] == "polar (cpu): 1 run(s) at commit(s) abababababab"
+  assert out[1].startswith("polar claim pass5: not measurable at this preset: random programs' pass@5")
+  assert out[1].endswith("(pass5.full_plus_random_edits=0.7, acc.full_forward=0.6)")
+  assert out[2] == ("polar claim top1: not reproduced  [acc.predictor_top1 - acc.full_forward = 0, 95% interval [0, 0] "
+                    "(n=100, paired, bootstrap over items)]")
+  assert out[3].startswith("polar claim pass5_vs_chance: reproduced  [pass5.predictor - pass5.full_plus_random_edits = "
+                           "0.2, 95% interval [0.1")
+  assert out[-1] == "claims: 1 not measurable at this preset, 1 not reproduced, 1 reproduced"
+  assert _cli(tmp_path, "judge", "polar_gpu/results.json").stdout.splitlines() == out
+  missing = _cli(tmp_path, "judge", "nowhere", check=False)
+  assert missing.returncode == 2 and missing.stderr.startswith("error: ") and missing.stderr.count("\n") == 1

@@ -200,6 +200,7 @@ def test_bad_configs_and_paths_are_named(tmp_path):
     exp.Config(gold_dir=str(tmp_path), judge="rule")
 
 
+@pytest.mark.slow
 @pytest.mark.sandbox
 def test_smoke_preset_as_a_subprocess(tmp_path):
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAB_")}

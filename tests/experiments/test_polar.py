@@ -173,6 +173,9 @@ def test_runs_on_tiny_models_and_writes_every_key(tmp_path):
       assert math.isnan(res[k]) or 0.0 <= res[k] <= 1.0, (k, res[k])
   assert res["layers.full"] == 4 and 0 <= res["layers.predictor_top1"] <= 8
   assert res["pass5.predictor"] >= res["acc.predictor_top1"]
+  diffs = {k for c in registry.get("polar").claims for k in c.diff}  # the claims' intervals: one 0/1 per question
+  assert set(res["per_item"]) == diffs and all(len(v) == 2 for v in res["per_item"].values())
+  assert all(np.mean(v) == res[k] for k, v in res["per_item"].items())
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
   assert len(lines) == 4 and all(json.loads(l)["programs"] >= 1 for l in lines)
 

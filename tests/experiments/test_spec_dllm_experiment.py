@@ -1,12 +1,17 @@
-"""spec_dllm smoke preset end to end through the runner: every headline key, sane values, the plot."""
+"""spec_dllm smoke preset end to end through the runner: every headline key, sane values, the plot; HumanEval's
+model-written programs judged in the sandbox."""
 import math
 import os
+import time
+
+import pytest
 
 from experiments import registry
 
 METHODS = ("vanilla", "fast_dllm", "fast_dllm_dual_cache", "speculative", "speculative_vanilla")
 
 
+@pytest.mark.slow
 def test_smoke_preset_writes_every_result(tmp_path):
   registry.load_all()
   out_dir, results = registry.run_experiment("spec_dllm", "smoke", out=str(tmp_path / "run"))
@@ -22,3 +27,19 @@ def test_smoke_preset_writes_every_result(tmp_path):
   assert results["nfe.speculative_vanilla"] <= results["nfe.vanilla"]
   assert os.path.exists(os.path.join(out_dir, "results.json"))
   assert any(f.endswith(".png") for f in os.listdir(out_dir))
+
+
+@pytest.mark.sandbox
+def test_humaneval_programs_run_in_the_sandbox(tmp_path):
+  from experiments import spec_dllm
+  program = "def add(a, b):\n  return a + b\n\n\ndef check(f):\n  assert f(2, 3) == 5\n\n\ncheck(add)\n"
+  assert spec_dllm._humaneval_pass(program)
+  assert not spec_dllm._humaneval_pass(program.replace("a + b", "a - b"))
+  start = time.monotonic()
+  assert not spec_dllm._humaneval_pass("while True:\n  pass\n", timeout=2)
+  assert time.monotonic() - start < 10
+  os.chmod(tmp_path, 0o777)  # writable by anyone on the host, yet out of the program's reach
+  for target in (tmp_path / "escaped", "/x", "/usr/x", "/dev/x"):
+    assert not spec_dllm._humaneval_pass(f"open({str(target)!r}, 'w').write('x')\n")
+  assert os.listdir(tmp_path) == [] and not os.path.exists("/x")
+  assert spec_dllm._humaneval_pass("open('scratch.txt', 'w').write('x')\n")  # its own directory is writable

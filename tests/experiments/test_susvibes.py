@@ -156,7 +156,9 @@ def test_ratios_on_hand_made_outcomes():
 
 def test_claims_hold_on_the_oracle_figures_and_fail_on_a_broken_harness():
   import experiments.susvibes as exp
-  by_id = {c.id: c for c in exp.registry.get("susvibes").claims}
+  reg = exp.registry.get("susvibes")
+  by_id = {c.id: c for c in reg.claims + reg.checks}
+  assert {c.id for c in reg.checks} == {"harness_secure", "harness_insecure"}  # harness checks, not paper claims
   good = {f"{k}.{a}.{s}": v for s in strategies.STRATEGIES
           for a, f, sp in (("reference_secure", 1.0, 1.0), ("reference_insecure", 1.0, 0.0))
           for k, v in (("func_pass", f), ("secure_pass", sp))}
@@ -165,6 +167,8 @@ def test_claims_hold_on_the_oracle_figures_and_fail_on_a_broken_harness():
   lm = {f"{k}.smollm2.{s}": v for s in strategies.STRATEGIES for k, v in (("func_pass", 0.5), ("secure_pass", 0.1))}
   assert claims.holds(by_id["gap"], lm) and claims.holds(by_id["strategies"], lm)
   assert not claims.holds(by_id["gap"], {**lm, "secure_pass.smollm2.generic": 0.5})
+  floor = dict.fromkeys(lm, 0.0)  # the agent never writes a working patch: no gap can show
+  assert claims.verdict(by_id["gap"], [floor], "cpu")["verdict"].startswith("not measurable at this preset: no patch")
 
 
 def test_strategy_prompts():

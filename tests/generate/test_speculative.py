@@ -1,7 +1,11 @@
 """jaxlab.generate.speculative: in its exact regime it reproduces jaxlab.generate.diffusion token for token
 (vanilla and threshold targets, no cache / prefix / dual cache, with inter-block lookahead where that is
-exact) with fewer forward evaluations whenever drafts are accepted; "confident" acceptance decodes fully."""
+exact) with fewer forward evaluations whenever drafts are accepted; "confident" acceptance decodes fully and
+commits, token by token, only what the target rule allows (checked by replaying each row's trajectory)."""
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -77,6 +81,71 @@ def test_tree_depth_bounds_the_steps_per_verification(model):
   assert (got.step_commits[got.step_commits >= 0] <= 2).all()
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _predictions(params, cfg, x_L):
+  """(argmax token, its confidence) per position of one state: the logits a state's step decides from."""
+  valid = jnp.ones((1, x_L.shape[0]), bool)
+  out = mdm.forward(params, x_L[None], cfg, positions_BT=diffusion.positions(valid), attention_mask_BT=valid)
+  tok, conf = diffusion.predict(out.logits, cfg.mask_token_id)
+  return tok[0], conf[0]
+
+
+def _replay_confident(params, cfg, prompt, tokens, commits, *, block, threshold, lookahead=1):
+  """Replays one row of a "confident" decode (no cache, accept_threshold = threshold) from its output and
+  step_commits; returns the tokens committed against the target rule (empty: every token was allowed) and how
+  many were drafted.
+
+  Per iteration: from the state's logits, the target's own step (the threshold rule on the current block), then
+  the next `commits - that step` positions of the draft ranking (masked window positions, earlier blocks first,
+  then stale confidence), holding their stale argmax. A drafted token was accepted from some node of the draft
+  tree, a state holding a prefix of that ranking: it is allowed when, under such a state's logits, it is the
+  argmax and either has confidence >= threshold or is the threshold rule's own choice in that state's active
+  block (its top-1 where nothing crosses the threshold).
+  """
+  mask, p, eps = cfg.mask_token_id, len(prompt), 1e-5
+  x = np.concatenate([prompt, np.full(len(tokens) - p, mask)]).astype(np.int32)
+  n_blocks, where, bad, drafted_n = (len(tokens) - p) // block, np.arange(len(tokens)), [], 0
+  preds = functools.lru_cache(maxsize=None)(
+      lambda state: tuple(map(np.asarray, _predictions(params, cfg, jnp.asarray(np.frombuffer(state, np.int32))))))
+
+  def threshold_step(state, tok, conf, lo, hi):  # the target rule on [lo, hi): >= threshold, else its top-1
+    masked = (state == mask) & (where >= lo) & (where < hi)
+    top = np.argmax(np.where(masked, conf, -np.inf))
+    return masked & ((conf >= threshold) | (where == top))
+
+  def allowed(state, pos, window_end):
+    tok, conf = preds(state.tobytes())
+    if tok[pos] != tokens[pos]:
+      return False
+    if conf[pos] >= threshold - eps:
+      return True
+    active = next(b for b in range(p, window_end, block) if (state[b:b + block] == mask).any())
+    return bool(threshold_step(state, tok, conf, active, active + block)[pos])
+
+  for i, row in enumerate(commits.reshape(n_blocks, block + 1)):
+    start = p + i * block
+    window = min(1 + lookahead, n_blocks - i)
+    lo, hi = start, start + window * block
+    for c in row[row >= 0]:
+      tok, conf = preds(x.tobytes())
+      step = threshold_step(x, tok, conf, start, start + block)
+      bad += [f"target step at {q}" for q in np.flatnonzero(step) if tok[q] != tokens[q]]
+      x1 = np.where(step, tok, x)
+      masked1 = (x1 == mask) & (where >= lo) & (where < hi)
+      key = np.where(masked1, conf + np.float32(2.0) * (window - (where - lo) // block), -np.inf).astype(np.float32)
+      drafted = np.argsort(-key, kind="stable")[:c - step.sum()]
+      assert c >= step.sum() and masked1[drafted].all(), (c, step.sum())
+      for j, q in enumerate(drafted):
+        states = [np.where(np.isin(where, drafted[:m]), tokens, x1) for m in range(j + 1)]
+        if tok[q] != tokens[q] or not any(allowed(s, q, hi) for s in states):
+          bad.append(f"drafted token {tokens[q]} at {q}")
+      drafted_n += len(drafted)
+      x = np.where(np.isin(where, drafted), tokens, x1)
+    if (x[start:start + block] == mask).any():
+      bad.append(f"block {i} left incomplete")
+  return bad + ([] if (x == tokens).all() else ["replayed tokens differ from the output"]), drafted_n
+
+
 def test_confident_mode_commits_only_what_the_target_rule_allows(model):
   cfg, params, prompts = model
   kw = dict(steps=GEN, gen_length=GEN, block_length=6, threshold=0.5)
@@ -86,6 +155,17 @@ def test_confident_mode_commits_only_what_the_target_rule_allows(model):
   assert not (toks == cfg.mask_token_id).any()
   assert (got.step_commits.clip(0).sum(1) == GEN).all() and (got.step_commits != 0).all()
   assert got.nfe.mean() <= fast.nfe.mean() and (toks[:, :P] == prompts).all()
+  drafted = 0
+  for r in range(len(prompts)):
+    bad, n = _replay_confident(params, cfg, prompts[r], toks[r], got.step_commits[r], block=6, threshold=0.5)
+    assert bad == [], (r, bad)
+    drafted += n
+  assert drafted > 0  # drafts were accepted, so the check above judged some
+  # the replay does fail: a committed token the model never predicts there is caught
+  r, q = 0, P + 1
+  wrong = toks[r].copy()
+  wrong[q] = (wrong[q] + 1) % (cfg.vocab_size - 2)
+  assert _replay_confident(params, cfg, prompts[r], wrong, got.step_commits[r], block=6, threshold=0.5)[0]
 
 
 def test_validation(model):
