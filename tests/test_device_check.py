@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_device_check_small_run_writes_sane_figures(tmp_path):
   out = tmp_path / "figures.json"
   env = {**os.environ, "DEVICE_CHECK_SMALL": "1", "DEVICE_CHECK_KERNEL_TESTS": "0", "PYTHON": sys.executable,

@@ -86,6 +86,7 @@ def fslora_run(tmp_path_factory):
   return out, res
 
 
+@pytest.mark.slow
 def test_cdka_smoke_results(cdka_run):
   out, res = cdka_run
   cfg = cdka_exp.PRESETS["smoke"]
@@ -121,6 +122,7 @@ def test_cdka_smoke_results(cdka_run):
   assert "| full |" in open(os.path.join(out, "table.md")).read()
 
 
+@pytest.mark.slow
 def test_fslora_smoke_results(fslora_run):
   out, res = fslora_run
   cfg = fslora_exp.PRESETS["smoke"]

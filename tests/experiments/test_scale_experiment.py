@@ -40,6 +40,7 @@ def smoke_run(tmp_path_factory):
   return out, registry.read_results(out)
 
 
+@pytest.mark.slow
 def test_smoke_writes_every_key_curve_and_table(smoke_run):
   out, res = smoke_run
   for opt in scale_exp.OPTIMIZERS:
@@ -58,6 +59,7 @@ def test_smoke_writes_every_key_curve_and_table(smoke_run):
   assert "val_loss.png" in open(os.path.join(out, "summary.md")).read()
 
 
+@pytest.mark.slow
 def test_state_bytes_ratio_matches_shapes(smoke_run):
   _, res = smoke_run
   assert res["state_bytes_ratio.llama-1b"] < 0.15  # the paper's memory claim
@@ -68,6 +70,7 @@ def test_state_bytes_ratio_matches_shapes(smoke_run):
   assert ratios == sorted(ratios, reverse=True)  # the LM head's share shrinks with model size
 
 
+@pytest.mark.slow
 def test_resume_of_finished_run_keeps_results(smoke_run):
   out, res = smoke_run
   again = _cli("run", "scale", "--preset", "smoke", "--out", out, "--resume")

@@ -45,6 +45,7 @@ def test_cli_lists_the_experiments_and_the_search_bench():
   assert not {"latentlens", "lost_in_attention", "bench_search"} & set(failed), proc.stdout
 
 
+@pytest.mark.slow
 def test_latentlens_smoke_keys_and_ranges(ll_run):
   out, res = ll_run
   n_layers = SMOKE_LAYERS + 1
@@ -125,6 +126,7 @@ def test_full_presets_fail_clearly(tmp_path):
     pipe.load_checkpoint(str(tmp_path / "ckpt"))
 
 
+@pytest.mark.slow
 def test_full_preset_on_saved_llava_with_stub_judge(ll_run, tmp_path, monkeypatch):
   from PIL import Image
   out, _ = ll_run
@@ -162,6 +164,7 @@ def test_full_preset_on_saved_llava_with_stub_judge(ll_run, tmp_path, monkeypatc
   assert "interpretable.random.mean" not in res
 
 
+@pytest.mark.slow
 def test_lost_in_attention_smoke_keys_and_ranges(lia_run):
   out, res = lia_run
   assert res["vlm"] == "reused" and not os.path.exists(os.path.join(out, "artifacts"))
@@ -178,6 +181,7 @@ def test_lost_in_attention_smoke_keys_and_ranges(lia_run):
     assert os.path.getsize(os.path.join(out, png)) > 1000
 
 
+@pytest.mark.slow
 def test_interventions_in_no_layer_leave_accuracy_unchanged(ll_run):
   import jax
   art = pipe.load_artifacts(ll_run[0])
@@ -191,6 +195,7 @@ def test_interventions_in_no_layer_leave_accuracy_unchanged(ll_run):
     assert lia.accuracy(art, batch, 8, intervention=iv, lm_params=lm) == base, name
 
 
+@pytest.mark.slow
 def test_lost_in_attention_full_preset_reads_a_checkpoint_and_captions(ll_run, tmp_path):
   from PIL import Image
   sc = S.generate(2, seed=3)
@@ -217,6 +222,7 @@ def test_lost_in_attention_full_preset_reads_a_checkpoint_and_captions(ll_run, t
     lia._full_data(lia.Config(**{**cfg.__dict__, "captions_path": str(tmp_path / "bad2.jsonl")}), art)
 
 
+@pytest.mark.slow
 def test_lost_in_attention_trains_when_no_source(ll_run, tmp_path, monkeypatch):
   seen = []
 
@@ -232,6 +238,7 @@ def test_lost_in_attention_trains_when_no_source(ll_run, tmp_path, monkeypatch):
   assert origin2 == "reused" and len(seen) == 1
 
 
+@pytest.mark.slow
 def test_lost_in_attention_reuses_only_a_vlm_trained_with_its_train_config(ll_run, tmp_path, monkeypatch):
   """A bare `source` is looked up beside the run; reproduce's seed siblings count; another config is retrained."""
   import dataclasses
@@ -262,6 +269,7 @@ def _ulp(a, seed=0):
   return (np.asarray(a, np.float32) * (1 + np.float32(2 ** -23) * sign)).astype(np.float32)
 
 
+@pytest.mark.slow
 def test_evaluation_stages_ignore_last_bit_perturbations(ll_run):
   """The lenses + judge and the update geometry turn 1-ulp changes of their inputs into (almost) no change of
   verdicts or RID: what another machine's rounding changes in these figures comes from training."""

@@ -10,6 +10,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIRST, ITERS = 2, 4
@@ -71,6 +72,7 @@ def _worker(out_dir):
       json.dump({"history": first.history + second.history, "processes": n, "rows": rows}, f)
 
 
+@pytest.mark.slow
 def test_two_processes_run_grpo_like_one_and_resume(tmp_path, launch_two_workers):
   launch_two_workers(__file__)
   got = json.loads((tmp_path / "history.json").read_text())

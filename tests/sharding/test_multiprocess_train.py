@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, B, T = 4, 8, 16
@@ -71,6 +72,7 @@ def _worker(out_dir):
       json.dump({"losses": losses, "processes": n, "devices": jax.device_count()}, f)
 
 
+@pytest.mark.slow
 def test_two_processes_train_like_one(tmp_path, launch_two_workers):
   launch_two_workers(__file__)
   got = json.loads((tmp_path / "losses.json").read_text())
