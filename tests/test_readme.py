@@ -1,5 +1,6 @@
-"""The README's set-up commands are what CI runs, and its Python blocks run as written (in order, one namespace, from an empty working directory); the
-block that runs the sandbox is left out where bubblewrap is not installed (the README says it is needed)."""
+"""The README's set-up commands are what CI runs, and its Python blocks run as written (in order, one namespace,
+from an empty working directory); the block that runs the sandbox is left out where bubblewrap is not installed
+(the README says it is needed)."""
 import os
 import re
 import shutil
