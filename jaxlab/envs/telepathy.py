@@ -148,8 +148,7 @@ def wordnet_entities(path: str | None = None, lexnames: Sequence[str] = ("noun.a
   `path`: WordNet's dictionary directory (default `errors.wordnet_dir()`)."""
   path = path or errors.wordnet_dir()
   if not os.path.exists(os.path.join(path, "data.noun")):
-    raise errors.MissingDependency(f"WordNet entities (no data.noun in {path})", "wordnet-base",
-                                   errors.install_command("wordnet"))
+    raise errors.missing("wordnet", f"WordNet entities (no data.noun in {path})")
   unknown = [x for x in lexnames if x not in _LEXFILES]
   if unknown:
     raise ValueError(f"lexnames must be among {sorted(_LEXFILES)}, found {unknown}")
