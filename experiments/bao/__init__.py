@@ -8,9 +8,9 @@ function, questions to the user). Four policies are compared:
                retrospective reasoning ("recall : what the observations so far established") and prospective
                planning ("plan : the next step") before the call (`agent` docstring);
   grpo_userrl  UserRL: SFT cold start on the same experts' episodes without that reasoning, then GRPO on the
-               reward alone with UserRL's turn-level advantages (`jaxlab.rl.turns`);
+               reward alone with UserRL's turn-level advantages (`experiments.bao.turns`);
   bao          the behaviour-enhanced SFT model, then GRPO with turn-level advantages of the penalized rewards
-               (`jaxlab.rl.bao`): -w per user turn, -c_info per consecutive user turn without environment
+               (`experiments.bao.objective`): -w per user turn, -c_info per consecutive user turn without environment
                feedback (a turn gets feedback when its reward is positive), and the over-thinking penalty
                (T - T') / T' on the last turn when the trajectory's T reply tokens exceed its budget T'.
 GRPO trains one policy on all gyms together (prompts_per_gym episodes x group per gym per iteration); the loss

@@ -25,9 +25,9 @@ from typing import Sequence
 import numpy as np
 
 from jaxlab.envs import base as envs
-from jaxlab.envs import function as fn_gym
-from jaxlab.envs import telepathy as tp_gym
-from jaxlab.envs import turtle as tt_gym
+from experiments.bao import function as fn_gym
+from experiments.bao import telepathy as tp_gym
+from experiments.bao import turtle as tt_gym
 
 GYMS = ("function", "telepathy", "turtle")
 FIRST_PROBE = (1, 2, 3, 4)

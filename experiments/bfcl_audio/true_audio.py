@@ -191,7 +191,7 @@ class SpeechLLM:
 def align_items(cfg, exclude_ids) -> list[dict]:
   """Up to `cfg.align_clips` BFCL requests (id, text: the first turn's last user message) whose ids are not in
   `exclude_ids` (the evaluated ones), round-robin over the wheel's ALIGN_SOURCES so every kind is heard."""
-  from jaxlab.evals import bfcl
+  from experiments.bfcl_audio import bfcl
   pools = []
   for name in ALIGN_SOURCES:
     pool = []

@@ -2,7 +2,7 @@
 
 Three domains over tables that ship with installed packages (`tasks`):
 - DV-Evol: the agent's program draws the chart and writes the plotted table (result.csv); it runs in the sandbox
-  beside `jaxlab.evals.charts`' probe, which reads every series back. Score = 0.5 visual + 0.5 table, the table
+  beside `experiments.dvworld.charts`' probe, which reads every series back. Score = 0.5 visual + 0.5 table, the table
   half `charts.table_alignment` against the reference solution's table, the visual half a rubric judge
   (`rubric`: the rule rubric over the extracted data at the cpu preset, an MLLM judge by path at the full one).
 - DV-Sheet (`sheet`): native .xlsx charts with openpyxl, creation and repair, series references resolved to cells.
@@ -29,7 +29,7 @@ from experiments import registry
 from experiments.dvworld import agents as agents_lib
 from experiments.dvworld import interact, rubric, sheet, tasks
 from experiments.runner.claims import Check, Claim
-from jaxlab.evals import charts
+from experiments.dvworld import charts
 
 PROGRAM_AGENTS = ("reference",) + tasks.BROKEN
 LM_AGENTS = ("smollm2",)

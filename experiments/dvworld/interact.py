@@ -23,7 +23,7 @@ from typing import Sequence
 
 from experiments.dvworld import tasks
 from jaxlab.envs import base
-from jaxlab.evals import charts
+from experiments.dvworld import charts
 
 _REFUSE = re.compile(r"\b(code|python|script|program|implementation|sql|pandas|matplotlib|final answer|"
                      r"the answer|json)\b", re.IGNORECASE)

@@ -16,7 +16,7 @@ import re
 import subprocess
 from typing import NamedTuple
 
-from jaxlab.evals import charts
+from experiments.dvworld import charts
 
 WEIGHTS = {"chart_type": 0.2, "x_label": 0.075, "y_label": 0.075, "title": 0.05, "series": 0.6}
 TOTAL_POINTS = 16.0

@@ -22,7 +22,7 @@ import os
 import re
 
 from experiments.dvworld import tasks
-from jaxlab.evals import charts
+from experiments.dvworld import charts
 
 BREAKS = ("series", "type", "axis")
 SHEET_TYPES = {"bar": "BarChart", "line": "LineChart", "pie": "PieChart", "scatter": "ScatterChart"}

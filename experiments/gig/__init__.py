@@ -1,6 +1,6 @@
 """GiG planning (Graph-in-Graph; papers/DIGEST.md "gig", no public code) on the kitchen and on TextWorld.
 
-The inner graphs are scene graphs (`jaxlab.envs.cooking`'s kitchen; `jaxlab.envs.textworld`'s facts), embedded
+The inner graphs are scene graphs (`experiments.gig.cooking`'s kitchen; `experiments.gig.textworld`'s facts), embedded
 by `jaxlab.models.gnn`'s GAT into unit vectors; the outer graph is the experience memory of solved traces
 (`planner`). The experiment solves generated kitchen problems by breadth-first search over the symbolic
 transitions, trains the GAT on those traces (triplet + uniformity loss) and measures (1) triplet accuracy on
@@ -31,7 +31,8 @@ from experiments.gig.agents import (LABELS, METHODS, ChoiceLLM, Kitchen, Likelih
 from experiments.gig.planner import (THRESHOLD, LoopDetector, Memory, Option, Planner, Retrieval, dead_end,
                                      lookahead, shortest_plan, state_key)
 from experiments.runner.claims import Check, Claim
-from jaxlab.envs import cooking, textworld
+from experiments.gig import cooking
+from experiments.gig import textworld
 from jaxlab.models import gnn
 
 __all__ = ["LABELS", "METHODS", "THRESHOLD", "ChoiceLLM", "Config", "Kitchen", "LikelihoodLLM", "LoopDetector",
@@ -48,7 +49,7 @@ class Config:
   chat model or a path; "" skips them; `chooser`: "letter" picks the lettered action whose letter is likeliest,
   "likelihood" the action whose text is) play `llm_problems` unseen problems (seeds 1000..) in each of `llm_envs`;
   the kitchen GAT trains on the traces of every kitchen mode played. TextWorld games (`tw_*` settings of
-  `jaxlab.envs.textworld.make_game`) are generated into `tw_games` (default: the run directory's
+  `experiments.gig.textworld.make_game`) are generated into `tw_games` (default: the run directory's
   textworld_games/)."""
   recipes: tuple[str, ...] = ("burger", "cheese_sandwich", "onion_soup")
   mode: str = "sync"

@@ -1,5 +1,5 @@
 """GiG's LLM agents (papers/DIGEST.md "gig"): an LLM planner choosing among lettered valid actions, the worlds it
-plays (the kitchen of `jaxlab.envs.cooking`, TextWorld cooking games of `jaxlab.envs.textworld`) and one episode
+plays (the kitchen of `experiments.gig.cooking`, TextWorld cooking games of `experiments.gig.textworld`) and one episode
 of each method: the LLM alone, the LLM over the lookahead's allowed actions, and GiG (memory retrieval, loop
 guard, lookahead, then the LLM).
 """
@@ -15,7 +15,8 @@ import numpy as np
 
 from experiments._shared.chat_models import chat_ids
 from experiments.gig.planner import THRESHOLD, LoopDetector, Memory, Option, lookahead, state_key
-from jaxlab.envs import cooking, textworld
+from experiments.gig import cooking
+from experiments.gig import textworld
 from jaxlab.models import gnn
 from jaxlab.models import transformer as tfm
 

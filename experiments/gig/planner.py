@@ -17,7 +17,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from jaxlab.envs import cooking
+from experiments.gig import cooking
 
 THRESHOLD = 0.1
 

@@ -2,7 +2,7 @@
 agent just did in it (an egocentric clip), answered by video-only, points-only, STLLM-3D and STLLM-Aligner
 models built on one LM.
 
-Data (`experiments.stllm.rea`, over `jaxlab.data.tasks.rooms`): rooms of pybullet_data furniture and objects as
+Data (`experiments.stllm.rea`, over `experiments.stllm.rooms`): rooms of pybullet_data furniture and objects as
 coloured point clouds, a clip rendered from the agent's moving camera in which it moves, picks up or uses an
 object, and REA's five task types with exact answers: relative direction, relative distance, find-my-item,
 furniture affordance and action planning (the last three free-form). Models (`experiments.stllm.model`): the LM
@@ -39,8 +39,9 @@ from experiments.runner.claims import Claim
 from experiments.stllm import data as data_lib, full, model as model_lib, rea
 from jaxlab import losses
 from jaxlab.data import load_tokenizer
-from jaxlab.data.tasks import rooms, scenes as scenes_lib
-from jaxlab.evals import overlap
+from jaxlab.data.tasks import scenes as scenes_lib
+from experiments.stllm import rooms
+from experiments.stllm import overlap
 from jaxlab.models import multimodal as mm, pointcloud, qformer, transformer as tfm, video as video_lib, vit
 from jaxlab.train import loop as loop_lib, metrics as metrics_lib, schedules, state as state_lib, step as step_lib
 

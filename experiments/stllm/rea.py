@@ -1,5 +1,5 @@
 """REA-style questions with exact answers over generated rooms and clips (STLLM, arXiv 2507.05258; see
-experiments/stllm/__init__.py). The room is `jaxlab.data.tasks.rooms`' point cloud at the clip's start, the clip
+experiments/stllm/__init__.py). The room is `experiments.stllm.rooms`' point cloud at the clip's start, the clip
 its rendered frames. "now" is the agent's pose in the clip's last frame.
 
   relative_direction    "where is the Y from the agent now ?" -> left | right | front | back (Y: another object)
@@ -18,7 +18,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from jaxlab.data.tasks import rooms
+from experiments.stllm import rooms
 
 TASKS = ("relative_direction", "relative_distance", "find_my_item", "furniture_affordance", "action_planning")
 NEEDS_BOTH = ("relative_direction", "relative_distance", "furniture_affordance", "action_planning")

@@ -116,7 +116,7 @@ def edited_files(task, edits: agents_lib.Edits, strip_functional: bool) -> dict:
   """The files an answer changes, as they read after its edits (empty when they do not apply)."""
   import shutil
   import tempfile
-  from jaxlab.evals import patches
+  from experiments.susvibes import patches
   workdir = tempfile.mkdtemp(prefix="susvibes-edit-")
   try:
     changed, _ = harness.prepare(task, edits, workdir, with_security=False, strip_functional=strip_functional)

@@ -16,7 +16,7 @@ import ast
 import dataclasses
 import re
 
-from jaxlab.evals import patches
+from experiments.susvibes import patches
 
 _FENCE = re.compile(r"^(?P<fence>```+|~~~+)[ \t]*(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=fence)[ \t]*$",
                     re.MULTILINE | re.DOTALL)

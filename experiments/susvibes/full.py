@@ -26,7 +26,8 @@ import shlex
 import shutil
 import tempfile
 
-from jaxlab.evals import patches, sandbox
+from jaxlab.evals import sandbox
+from experiments.susvibes import patches
 
 PATCH_ERROR_EXIT = 97
 FAILURE_STATUSES = ("FAILED", "ERROR")

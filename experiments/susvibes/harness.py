@@ -18,7 +18,8 @@ import tempfile
 
 from experiments.susvibes import agents
 from experiments.susvibes.tasks import Task
-from jaxlab.evals import patches, sandbox
+from jaxlab.evals import sandbox
+from experiments.susvibes import patches
 
 _RAN = re.compile(r"^Ran (\d+) tests? in ", re.MULTILINE)
 TAIL = 2000

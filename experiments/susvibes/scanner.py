@@ -47,7 +47,7 @@ def scan(files: dict, *, timeout_s: float = 60.0, memory_mb: int = 1024, which: 
     return [f for p, t in sorted(files.items()) for f in rule_scan(p, t)]
   if which != "bandit":
     raise ValueError(f"scanner must be 'bandit' or 'rules', found {which!r}")
-  from jaxlab.evals import patches
+  from experiments.susvibes import patches
   workdir = tempfile.mkdtemp(prefix="susvibes-scan-")
   try:
     patches.write_files(files, workdir)

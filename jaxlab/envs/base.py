@@ -118,7 +118,7 @@ class EnvBatch:
     return out
 
   def rewards(self) -> list[list[float]]:
-    """Each episode's per-turn rewards so far (what `jaxlab.rl.turns.pad_rewards` takes)."""
+    """Each episode's per-turn rewards so far (what `experiments.bao.turns.pad_rewards` takes)."""
     return [[t.reward for t in turns] for turns in self.turns]
 
 

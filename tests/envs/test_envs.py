@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from jaxlab.envs import base, function
+from jaxlab.envs import base
+from experiments.bao import function
 
 
 @pytest.mark.parametrize("text,want", [

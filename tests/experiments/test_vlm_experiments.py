@@ -274,7 +274,8 @@ def test_evaluation_stages_ignore_last_bit_perturbations(ll_run):
   """The lenses + judge and the update geometry turn 1-ulp changes of their inputs into (almost) no change of
   verdicts or RID: what another machine's rounding changes in these figures comes from training."""
   import jax.numpy as jnp
-  from jaxlab.interp import geometry, lenses
+  from jaxlab.interp import lenses
+  from experiments.lost_in_attention import geometry
   out, _ = ll_run
   art = pipe.load_artifacts(out)
   cfg = ll.PRESETS["smoke"]

@@ -1,3 +1,3 @@
-"""Paper datasets with checkable ground truth: arithmetic word problems and math / commonsense JSONL
-(`arithmetic`), synthetic scenes with per-patch truth (`scenes`), Parity / Cycle / Subsum with templated chains
-of thought (`reasoning`)."""
+"""Datasets with checkable ground truth shared by several papers: arithmetic word problems and math /
+commonsense JSONL (`arithmetic`), synthetic scenes with per-patch truth (`scenes`), Parity / Cycle / Subsum with
+templated chains of thought (`reasoning`)."""

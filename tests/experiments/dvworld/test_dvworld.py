@@ -1,0 +1,216 @@
+"""experiments/dvworld: the reference programs score 1 and every broken kind less (through the sandbox), DV-Sheet's
+series references resolved on a hand-made workbook, the DV-Interact env with scripted agents, an LM agent's code
+path with a scripted stand-in, the full preset's scoring with a stand-in judge executable, and the smoke preset
+as a subprocess writing every results key."""
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from experiments import dvworld as exp
+from experiments import registry
+from experiments.dvworld import agents, interact, rubric, sheet, tasks
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+def _frames(specs):
+  return {s.source: tasks.load_frame(s.source) for s in specs}
+
+
+@pytest.mark.sandbox
+def test_reference_scores_one_and_each_broken_kind_less(tmp_path):
+  specs = tasks.select(("tips_pie", "penguins_scatter"))
+  frames = _frames(specs)
+  agents_ = {"reference": agents.ProgramAgent(), **{k: agents.ProgramAgent(k) for k in tasks.BROKEN}}
+  rows = []
+  cfg = exp.Config(tasks=tuple(s.id for s in specs), agents=exp.PROGRAM_AGENTS)
+  res = exp.run_evol(cfg, specs, frames, agents_, rubric.RuleRubric(), str(tmp_path), rows.append)
+  assert res["dv_evol.reference"] == res["table_alignment.reference"] == res["visual.reference"] == 1.0
+  for r in rows:
+    if r["agent"] != "reference":
+      assert r["score"] < 1.0, r
+  assert max(res[f"table_alignment.{k}"] for k in ("wrong_aggregation", "wrong_column")) < 1.0
+  # a scatter without its filter draws a superset: the table score (gold cells found) stays 1, the visual drops
+  miss = next(r for r in rows if r["agent"] == "missing_filter" and r["task"] == "penguins_scatter")
+  assert miss["table"] == 1.0 and miss["visual"] < 1.0
+  assert res["table_alignment.wrong_chart_type"] == 1.0 and res["visual.wrong_chart_type"] == pytest.approx(0.2)
+
+  srows = []
+  sres = exp.run_sheet(cfg, specs, agents_, str(tmp_path), srows.append)
+  assert sres["sheet.reference"] == 1.0
+  assert all(sres[f"sheet_create.{k}"] < 1.0 for k in tasks.BROKEN)
+  assert {r["break"] for r in srows if r["mode"] == "fix"} == {"series", "axis"}  # pie: no axis; scatter: no series
+
+
+def test_sheet_series_resolve_to_cell_values(tmp_path):
+  from openpyxl import Workbook
+  from openpyxl.chart import BarChart, Reference, ScatterChart, Series
+  wb = Workbook()
+  ws = wb.active
+  ws.title = "result"
+  other = wb.create_sheet("Bob's data")
+  for row in [["day", "tip", "bill"], ["Fri", 2.5, 10], ["Sat", 3.0, 20], ["Sun", 3.25, 30]]:
+    ws.append(row)
+    other.append(row)
+  bar = BarChart()
+  bar.add_data(Reference(ws, min_col=2, min_row=1, max_row=4), titles_from_data=True)
+  bar.set_categories(Reference(ws, min_col=1, min_row=2, max_row=4))
+  bar.title = "Tips"
+  bar.y_axis.scaling.min = 1.0
+  ws.add_chart(bar, "E2")
+  sc = ScatterChart()
+  sc.series.append(Series(Reference(other, min_col=3, min_row=2, max_row=4),
+                          Reference(other, min_col=2, min_row=2, max_row=4), title="bill"))
+  ws.add_chart(sc, "E20")
+  path = str(tmp_path / "hand.xlsx")
+  wb.save(path)
+  got = sheet.read_charts(path)
+  assert [c.kind for c in got] == ["bar", "scatter"]
+  assert got[0].series == (sheet.SheetSeries("tip", ("Fri", "Sat", "Sun"), (2.5, 3.0, 3.25)),)
+  assert (got[0].title, got[0].y_min, got[0].y_max) == ("Tips", 1.0, None)
+  assert got[1].series == (sheet.SheetSeries("bill", (2.5, 3.0, 3.25), (10, 20, 30)),)
+  assert sheet.resolve(wb, "'Bob''s data'!$C$2:$C$3") == [10, 20] and sheet.resolve(wb, "nowhere!A1") == []
+  assert sheet.read_charts(str(tmp_path / "none.xlsx")) == [] and sheet.read_charts(path, "other") == []
+
+  gold = got[0]
+  wrong_vals = sheet.SheetChart("bar", "Tips", (sheet.SheetSeries("tip", ("Fri", "Sat", "Sun"), (2.5, 3.0, 9.0)),),
+                                1.0, None)
+  # categories 3/3, values 2/3, name equal: 0.1 + 0.45 + 0.45 * 2/3
+  assert sheet.chart_similarity(gold, wrong_vals) == pytest.approx(0.2 + 0.6 * (0.55 + 0.3) + 0.15 + 0.05)
+  retyped = sheet.SheetChart("line", "x", gold.series, 1.0, None)
+  assert sheet.repair_score(gold, retyped, gold) == (1.0, ["type"])
+  assert sheet.repair_score(gold, retyped, wrong_vals) == (1.0, ["type"])  # only the broken aspect is gated
+  assert sheet.repair_score(gold, wrong_vals, retyped) == (1.0, ["series"])
+  assert sheet.repair_score(gold, wrong_vals, wrong_vals)[0] == 0.0  # left as it was
+  assert sheet.repair_score(gold, wrong_vals, None) == (0.0, ["series"])
+
+
+def _play(specs, frames, policy):
+  return interact.episodes(specs, frames, policy, max_turns=4)
+
+
+def test_interact_env_with_scripted_agents():
+  specs = tasks.select(("tips_bar", "gapminder_pie"))
+  frames = _frames(specs)
+  by_request = interact.requests(specs, frames)
+  right = _play(specs, frames, interact.scripted_policy(by_request))
+  assert [r["success"] for r in right] == [1.0, 1.0] and [r["asked"] for r in right] == [1, 1]
+  assert right[0]["adjustment"] == 0.75  # 0.5 + 0.5 * (1 - 0) / 2
+  guess = _play(specs, frames, interact.scripted_policy(by_request, ask=False))
+  assert [r["success"] for r in guess] == [0.0, 0.0] and guess[0]["adjustment"] == 0.5
+
+  def cheat(histories):  # asks for the code, then answers the intent outright
+    out = []
+    for h in histories:
+      spec = by_request[h[0]["content"]][0]
+      out.append("[action] Show me the Python code." if len(h) == 1 else
+                 "[answer] " + json.dumps(interact.intent_spec(spec)))
+    return out
+  c = _play(specs, frames, cheat)
+  assert c[0]["refused"] == 1 and c[0]["success"] == 1.0 and c[0]["adjustment"] == 0.25
+  env = interact.InteractEnv(specs, frames)
+  env.reset(0)
+  assert env.interact("action", "Which rows?").observation == "Only rows where smoker is 'No'."
+  assert env.interact("action", "Which aggregation?").observation == "Take the mean per day."
+  bad = env.interact("answer", '{"y": "nope", "agg": "mean", "filter": {}, "kind": "bar"}')
+  assert bad.done and bad.reward == 0.0 and "answer y must be a column" in bad.observation
+  # equal tables are required both ways: a missing filter on a scatter gives a superset and fails
+  sc = tasks.BY_ID["cars_scatter"]
+  env = interact.InteractEnv([sc], _frames([sc]))
+  env.reset(0)
+  superset = dict(interact.intent_spec(sc), filter={})
+  assert env.interact("answer", json.dumps(superset)).reward == 0.0
+
+
+@pytest.mark.sandbox
+def test_lm_agent_code_path_with_a_stand_in(tmp_path):
+  specs = tasks.select(("tips_bar",))
+  frames = _frames(specs)
+  seen = []
+
+  def generate(batch, max_new_tokens=None):
+    seen.append((len(batch), max_new_tokens))
+    user = batch[0][-1]["content"]
+    if batch[0][0]["content"] == agents.CODE_SYSTEM:
+      return ["Here it is:\n```python\n" + tasks.program(specs[0]) + "```\nDone."]
+    return ["[answer] " + json.dumps(interact.intent_spec(specs[0]))] if "Request" in user else ["[finish]"]
+  lm = agents.LMAgent(generate, interact_tokens=7)
+  cfg = exp.Config(tasks=("tips_bar",), agents=("reference", "smollm2"))
+  res = exp.run_evol(cfg, specs, frames, {"reference": agents.ProgramAgent(), "smollm2": lm}, rubric.RuleRubric(),
+                     str(tmp_path), lambda r: None)
+  assert res["dv_evol.smollm2"] == 1.0
+  ires = exp.run_interact(cfg, specs, frames, {"smollm2": lm}, lambda r: None)
+  assert ires["interact_isr.smollm2"] == 1.0 and ires["interact_asked.smollm2"] == 0.0 and seen[-1] == (1, 7)
+  assert agents.extract_code("no fence\nprint(1)") == "no fence\nprint(1)\n"
+  assert agents.extract_code("```py\nx = 1\n") == "x = 1\n"
+
+
+def test_rule_rubric_items_add_up_to_the_visual_score():
+  from experiments.dvworld import charts
+  def run(kind, ys, title):
+    s = charts.Series(kind, "", ("a", "b", "c"), tuple(ys))
+    return charts.PlotRun(charts.Chart((charts.Axes(title, "day", "tip", (s,)),)), None, None)
+  gold = run("bar", (1, 2, 3), "T")
+  for cand in (gold, run("line", (1, 2, 3), "T"), run("bar", (1, 2, 4), "other"), run("pie", (0, 0, 0), "")):
+    v = rubric.RuleRubric()("", gold, cand)
+    assert v.score == pytest.approx(charts.visual_score(gold.chart, cand.chart))
+    assert set(v.items) == set(rubric.WEIGHTS)
+  assert rubric.RuleRubric()("", gold, run("bar", (1, 2, 4), "other")).items == {
+      "chart_type": 1.0, "x_label": 1.0, "y_label": 1.0, "title": 0.0, "series": pytest.approx(2 / 3)}
+
+
+def test_full_preset_scores_cases_with_a_judge_executable(tmp_path):
+  gold, cand = tmp_path / "gold" / "dv-evol-1", tmp_path / "cand" / "dv-evol-1"
+  for d in (gold, cand):
+    d.mkdir(parents=True)
+    (d / "result.png").write_bytes(b"png")
+  (gold / "gold.csv").write_text("a,b\n1,2\n3,4\n")
+  (cand / "result.csv").write_text("b,a\n4,3\n2,9\n")
+  judge = tmp_path / "judge.sh"
+  reply = '```json {"Dimension_1": {"subtotal": 4}, "Total_Score": 12}```'
+  judge.write_text(f"#!/bin/sh\ncat > /dev/null\necho '{reply}'\n")
+  judge.chmod(judge.stat().st_mode | stat.S_IXUSR)
+  cfg = registry.apply_overrides(exp.PRESETS["full"], [f"gold_dir={tmp_path / 'gold'}",
+                                                      f"results_dir={tmp_path / 'cand'}", f"judge_path={judge}"])
+  out = tmp_path / "run"
+  out.mkdir()
+  res = exp.run(cfg, str(out), False)
+  assert res["table_alignment.candidate"] == 0.75 and res["visual.candidate"] == 0.75
+  assert res["dv_evol.candidate"] == 0.75 and res["cases"] == 1
+  assert rubric.parse_reply('{"Dimension_1": {"subtotal": 2}, "Dimension_2": {"subtotal": 6}}') == 0.5
+  assert rubric.parse_reply('garbled "Total_Score": 40') == 1.0 and rubric.parse_reply("nothing") == 0.0
+
+
+def test_bad_configs_and_paths_are_named(tmp_path):
+  with pytest.raises(ValueError, match="agents must be a non-empty subset"):
+    exp.Config(agents=("reference", "gpt"))
+  with pytest.raises(ValueError, match="unknown dvworld task ids"):
+    exp.Config(tasks=("nope",))
+  with pytest.raises(ValueError, match="this preset needs gold_dir"):
+    exp.run(exp.PRESETS["full"], str(tmp_path), False)
+  cfg = registry.apply_overrides(exp.PRESETS["full"], [f"gold_dir={tmp_path}", f"results_dir={tmp_path}"])
+  with pytest.raises(ValueError, match="needs an MLLM judge"):
+    exp.run(cfg, str(tmp_path), False)
+  with pytest.raises(FileNotFoundError, match="expected an executable MLLM judge"):
+    rubric.CommandJudge(str(tmp_path / "judge"))
+  with pytest.raises(ValueError, match="needs judge='mllm'"):
+    exp.Config(gold_dir=str(tmp_path), judge="rule")
+
+
+@pytest.mark.slow
+@pytest.mark.sandbox
+def test_smoke_preset_as_a_subprocess(tmp_path):
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAB_")}
+  env.update(JAX_PLATFORMS="cpu", JAXLAB_NO_PROGRESS="1", PYTHONPATH=REPO)
+  p = subprocess.run([sys.executable, "-m", "experiments", "run", "dvworld", "--preset", "smoke", "--out",
+                      str(tmp_path / "r")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  res = json.loads((tmp_path / "r" / "results.json").read_text())
+  for agent in exp.PROGRAM_AGENTS:
+    for key in ("table_alignment", "dv_evol", "sheet", "interact_isr"):
+      assert 0.0 <= res[f"{key}.{agent}"] <= 1.0, (key, agent)
+  assert res["interact_isr.guess"] == 0.0 and res["dv_evol.reference"] == 1.0
+  assert (tmp_path / "r" / "scores.png").exists()
