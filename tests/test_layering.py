@@ -1,19 +1,22 @@
-"""The import layering of DESIGN.md, checked on every import of every module (function-local ones included).
+"""The import layering of the README's Layout, checked on every import of every module (function-local ones included).
 
 Layers, lowest first; a module imports only from its own layer or below (siblings in one layer may import
 each other, but no two packages, and no two modules, import each other in a cycle):
 
-  errors, data, kernels, nn, sharding -> models -> losses, generate, hf, interp, adapters, optim, audio
+  errors, choices, data, kernels, nn, sharding -> models -> losses, generate, hf, interp, adapters, optim, audio
     -> rl, envs, evals -> train -> experiments
 
 `jaxlab/__init__.py` may re-export anything. No experiment module imports another one: experiments import
 only the runner (`experiments.registry`, `experiments.runner`) and the shared helpers (`experiments._shared`);
-the runner and the benchmarks (`experiments.bench*`) import no experiment either.
+the runner and the benchmarks (`experiments.bench*`) import no experiment either. A module of `jaxlab/` is
+there because two or more experiments use it (directly or through other modules) or because it is public API,
+named in the README's "Public API" section; what one paper alone uses lives in that paper's package.
 """
 from __future__ import annotations
 
 import ast
 import os
+import re
 import textwrap
 
 import pytest
@@ -21,7 +24,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPS = ("jaxlab", "kernels", "experiments")
 LAYERS = (
-    ("jaxlab.errors", "jaxlab.data", "kernels", "jaxlab.nn", "jaxlab.sharding"),
+    ("jaxlab.errors", "jaxlab.choices", "jaxlab.data", "kernels", "jaxlab.nn", "jaxlab.sharding"),
     ("jaxlab.models",),
     ("jaxlab.losses", "jaxlab.generate", "jaxlab.hf", "jaxlab.interp", "jaxlab.adapters", "jaxlab.optim",
      "jaxlab.audio"),
@@ -118,7 +121,7 @@ def test_imports_of_resolves_relative_and_function_local_imports():
 
 def test_every_module_has_a_layer(graph):
   missing = sorted({unit(m) for m in graph if unit(m) != "jaxlab" and unit(m) not in RANK})
-  assert not missing, f"add these to LAYERS in tests/test_layering.py and DESIGN.md's layering: {missing}"
+  assert not missing, f"add these to LAYERS in tests/test_layering.py and the README's Layout: {missing}"
 
 
 def _upward(graph) -> dict[tuple[str, str], str]:
@@ -218,3 +221,39 @@ def test_known_breaches_still_exist(graph):
   cycles = set(_cycles(edges))
   stale += [sorted(c) for c in KNOWN_CYCLES if c not in cycles]
   assert not stale, f"fixed breaches still listed in KNOWN_UPWARD / KNOWN_CYCLES; delete them: {stale}"
+
+
+def _closure(graph, module: str, seen: set[str]) -> set[str]:
+  """The modules of the tree that importing `module` runs (an import of a.b.c runs a and a.b too)."""
+  for _, dst in graph.get(module, ()):
+    parts = dst.split(".")
+    for i in range(1, len(parts) + 1):
+      m = ".".join(parts[:i])
+      if m in graph and m not in seen:
+        seen.add(m)
+        _closure(graph, m, seen)
+  return seen
+
+
+def _public_api() -> set[str]:
+  """The dotted module names written in the README's "Public API" section."""
+  with open(os.path.join(ROOT, "README.md")) as f:
+    text = f.read()
+  section = text.split("\n## Public API", 1)[1].split("\n## ", 1)[0]
+  return set(re.findall(r"jaxlab(?:\.\w+)+", section))
+
+
+def test_every_library_module_is_shared_or_public(graph):
+  users: dict[str, set[str]] = {}
+  for src in graph:
+    parts = src.split(".")
+    if parts[0] == "experiments" and len(parts) > 1 and not _runner_or_shared(src) and parts[1] != "__main__":
+      for m in _closure(graph, src, {src}):
+        users.setdefault(m, set()).add(parts[1])
+  public = _public_api()
+  lonely = {m: sorted(users.get(m, ())) for m in graph
+            if unit(m) not in ("jaxlab", "kernels") and m.startswith("jaxlab.") and len(users.get(m, ())) < 2
+            and m not in public and not any(m.startswith(p + ".") for p in public)}
+  assert not lonely, ("jaxlab modules used by fewer than two experiments and not named in the README's Public API "
+                      "(move them into their paper's package, or name them there):\n  " + "\n  ".join(
+                          f"{m}: {u or 'no experiment'}" for m, u in sorted(lonely.items())))
