@@ -122,10 +122,7 @@ def _run(args) -> int:
     if exp.resume_may_change:
       print(f"may change on --resume: {', '.join(exp.resume_may_change)}")
     return 0
-  exp = registry.get(args.name)
-  if args.preset not in exp.presets:
-    raise ValueError(f"unknown preset {args.preset!r} for {args.name}; expected one of {sorted(exp.presets)}")
-  registry.apply_overrides(exp.presets[args.preset], args.overrides)  # fail fast, before JAX starts
+  registry.config_for(args.name, args.preset, args.overrides)  # fail fast, before JAX starts
   out_dir = registry.resolve_run_dir(args.name, args.out, args.resume, args.root)
   _distributed()
   try:

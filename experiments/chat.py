@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import time
+from typing import Literal
 
 import jax
 
@@ -35,7 +36,7 @@ class Config:
   temperature: float = 0.0
   top_p: float | None = None
   seed: int = 0
-  dtype: str = "float32"
+  dtype: Literal["float32", "bfloat16"] = "float32"
   timed_rerun: bool = False  # time a second, already compiled generation for tokens_per_s
 
   def __post_init__(self):
@@ -50,8 +51,8 @@ class Config:
 PRESETS = {
     "smoke": Config(),
     "cpu": Config(prompts=PROMPTS, max_new_tokens=64, timed_rerun=True),
-    "full": Config(model="REQUIRED: --set model=PATH (a .gguf file or a transformers directory)", prompts=PROMPTS,
-                   max_new_tokens=256, dtype="bfloat16", timed_rerun=True),
+    "full": Config(model=registry.Required("--set model=PATH: a .gguf file or a transformers directory"),
+                   prompts=PROMPTS, max_new_tokens=256, dtype="bfloat16", timed_rerun=True),
 }
 
 
@@ -115,7 +116,9 @@ def repl(argv=None) -> None:
 registry.register(registry.Experiment(
     name="chat", config_cls=Config, presets=PRESETS, run=run,
     description="answer fixed prompts with SmolLM2-135M-Instruct (GGUF, chat template, greedy)",
-    seed_key=None))
+    seed_key=None,
+    results=("answers", "tokens_per_s", "new_tokens", "generate_s", "first_generate_s", "tokens_per_s_includes_compile",
+             "load_s", "prompt_tokens", "model_path", "n_layers", "vocab_size")))
 
 if __name__ == "__main__":
   repl()

@@ -64,9 +64,9 @@ class Config:
   batch_size: int = 8
   seq_len: int = 64
   microbatches: int = 1
-  optimizer: str = "adamw"
+  optimizer: optim.Optimizer = "adamw"
   lr: float = 3e-3
-  schedule: str = "cosine"
+  schedule: schedules.Schedule = "cosine"
   warmup_steps: int = 3
   lr_floor: float = 0.1
   weight_decay: float = 0.0
@@ -78,7 +78,7 @@ class Config:
   checkpoint: shared_cfg.Checkpoint = shared_cfg.Checkpoint()  # every 0: only at the end
   log_every: int = 10
   mesh: str | None = None
-  strategy: str = "dp"
+  strategy: shd.Strategy = "dp"
   seed: int = 0
   renamed_keys = shared_cfg.FLAT_KEYS
 
@@ -105,8 +105,9 @@ PRESETS = {
                   log_every=10),
     "full": Config(model=dataclasses.replace(tfm.PRESETS["llama-60m"], dtype="bfloat16"), steps=10_000,
                    batch_size=512, seq_len=256, lr=1e-3, warmup_steps=1000, b2=0.999, weight_decay=0.0,
-                   corpus=shared_cfg.Corpus("REQUIRED: --set corpus.path=PATH"), eval=shared_cfg.Eval(1000, 20),
-                   checkpoint=shared_cfg.Checkpoint(1000), log_every=50, mesh="fsdp:-1", strategy="fsdp"),
+                   corpus=shared_cfg.Corpus(registry.Required("--set corpus.path=PATH")),
+                   eval=shared_cfg.Eval(1000, 20), checkpoint=shared_cfg.Checkpoint(1000), log_every=50,
+                   mesh="fsdp:-1", strategy="fsdp"),
 }
 
 
@@ -130,12 +131,12 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 
   schedule = schedules.get(cfg.schedule, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
   hp = {"b1": cfg.b1, "b2": cfg.b2, "weight_decay": cfg.weight_decay} if cfg.optimizer == "adamw" else {}
-  tx = optimizer(schedule, cfg.optimizer, cfg.grad_clip, **hp)
+  tx = optimizer(schedule, cfg.optimizer, cfg.grad_clip, axes=tfm.AXES, **hp)
   init_params = functools.partial(tfm.init, cfg.model)
   ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=cfg.checkpoint.keep)
   state = None
   if resume:
-    restored = ckpt.restore_latest(target=state_lib.abstract_state(init_params, tx, mesh, cfg.strategy))
+    restored = ckpt.restore_latest(target=state_lib.abstract_state(init_params, tx, mesh, cfg.strategy, axes=tfm.AXES))
     if restored is not None:
       if restored.step > cfg.steps:
         raise ValueError(f"--resume: the checkpoint is at step {restored.step}, past steps={cfg.steps}; "
@@ -145,12 +146,12 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
         train_it.set_state(loop_lib.local_data_state(restored.data_state))
       print(f"resumed from step {restored.step} in {ckpt.directory}", flush=True)
   if state is None:
-    state = state_lib.init_state(init_params, tx, cfg.seed, mesh, cfg.strategy)
+    state = state_lib.init_state(init_params, tx, cfg.seed, mesh, cfg.strategy, axes=tfm.AXES)
 
   loss_fn = losses.lm_loss_fn(cfg.model)
   compute = compute_dtype(cfg.model)
-  train_step = make_step(loss_fn, tx, state, mesh, cfg.strategy, microbatches=cfg.microbatches, compute=compute,
-                         schedule=schedule)
+  train_step = make_step(loss_fn, tx, state, mesh, cfg.strategy, axes=tfm.AXES, microbatches=cfg.microbatches,
+                         compute=compute, schedule=schedule)
   eval_step = step_lib.make_eval_step(loss_fn, compute)
   shard = functools.partial(shd.shard_batch, mesh=mesh)
 
@@ -195,4 +196,6 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 registry.register(registry.Experiment(
     name="lm_pretrain", config_cls=Config, presets=PRESETS, run=run,
     description="pretrain a LLaMA-style decoder LM on the stdlib corpus (byte tokens)",
-    resume_may_change=("mesh", "strategy", "log_every", "steps")))
+    resume_may_change=("mesh", "strategy", "log_every", "steps"),
+    results=("initial_train_loss", "final_train_loss", "final_val_loss", "tokens_per_s", "mfu", "steps", "params",
+             "flops_per_token", "peak_flops", "devices", "processes", "mesh")))

@@ -1,8 +1,9 @@
 """Training losses as `LossFn`s, the one signature `jaxlab.train.step.make_train_step` trains any model with.
 
-A `LossFn` is `loss_fn(params, batch, rng) -> (loss_sum, weight)`: the loss summed over the batch and the
-number of items it sums over (tokens, or 1 for a loss that is already a mean); the train step divides the
-accumulated sums, so microbatched and full-batch updates agree. Here:
+A `LossFn` is `loss_fn(params, batch, rng) -> (loss_sum, weight, aux)`: the loss summed over the batch, the
+number of items it sums over (tokens, or 1 for a loss that is already a mean), and a pytree of auxiliary outputs
+(statistics; `{}` when none) that the train step reports in its metrics; the train step divides the accumulated
+sums, so microbatched and full-batch updates agree. Here:
   next_token_nll   summed masked token NLL from logits, log-softmax in fp32 (the primitive of the LM losses)
   lm_loss_fn       next-token loss of a decoder LM (`jaxlab.models.transformer`) on packed batches
   vlm_loss_fn      next-token loss of a VLM (`jaxlab.models.vlm`), image-token targets skipped
@@ -11,7 +12,7 @@ accumulated sums, so microbatched and full-batch updates agree. Here:
   mdm_loss_fn      the masked-diffusion (LLaDA, arXiv 2502.09992) objective of `jaxlab.models.mdm`
   grpo_objective   GRPO (arXiv 2402.03300) on per-token log-probs: PPO-clip ratio with separate low/high clip
                    (DAPO, arXiv 2503.14476), k3 KL to a reference, three token-aggregation rules (below)
-  grpo_loss_fn     GRPO of a decoder LM on a rollout batch; `grpo_terms_fn` also returns its statistics
+  grpo_loss_fn     GRPO of a decoder LM on a rollout batch, its statistics (KL, clip fractions, entropy) as aux
   dpo_loss         DPO (arXiv 2305.18290) sigmoid loss on sequence log-probs; `ipo_loss` IPO (arXiv 2310.12036)
   dpo_loss_fn      DPO or IPO of a decoder LM on chosen/rejected pairs, + alpha * NLL of the chosen completions
   sft_loss_fn      completion-only next-token loss (`completion_loss_mask` leaves prompt tokens out)
@@ -33,20 +34,22 @@ Axes: B batch (sequences or pairs), T positions, N completion tokens, V vocab.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import jax
 import jax.numpy as jnp
 
+from jaxlab import choices
 from jaxlab.models import heads, mdm, multimodal
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vlm
 
 
 class LossFn(Protocol):
-  """`(params, batch, rng) -> (loss_sum, weight)`: the summed loss and the count it sums over."""
+  """`(params, batch, rng) -> (loss_sum, weight, aux)`: the summed loss, the count it sums over, and auxiliary
+  outputs (a pytree of scalars or arrays, `{}` when none)."""
 
-  def __call__(self, params: Any, batch: dict, rng: jax.Array) -> tuple[jax.Array, jax.Array]:
+  def __call__(self, params: Any, batch: dict, rng: jax.Array) -> tuple[jax.Array, jax.Array, Any]:
     ...
 
 
@@ -77,7 +80,7 @@ def lm_loss_fn(cfg: tfm.Config, document_mask: bool = True) -> LossFn:
       if "positions" in batch:
         kw["positions_BT"] = batch["positions"]
     logits = tfm.forward(params, batch["inputs"], cfg, **kw).logits
-    return next_token_nll(logits, batch["targets"], batch.get("loss_mask"))
+    return (*next_token_nll(logits, batch["targets"], batch.get("loss_mask")), {})
   return loss_fn
 
 
@@ -91,7 +94,7 @@ def _placeholder_nll(logits_fn, placeholder_id: int, freeze: bool) -> LossFn:
     mask = batch["targets"] != placeholder_id
     if "loss_mask" in batch:
       mask = mask & batch["loss_mask"].astype(bool)
-    return next_token_nll(logits_fn(params, batch), batch["targets"], mask)
+    return (*next_token_nll(logits_fn(params, batch), batch["targets"], mask), {})
   return loss_fn
 
 
@@ -124,15 +127,16 @@ def multimodal_loss_fn(cfg: multimodal.Config, freeze: bool = False) -> LossFn:
 
 
 def mdm_loss_fn(cfg: mdm.Config, eps: float = 1e-3) -> LossFn:
-  """`mdm.loss` (already a mean, so weight 1): batch keys tokens[, prompt_len] (SFT); `rng` draws t and the masks.
+  """`mdm.loss` (already a mean, so weight 1; its masked_tokens and mask_rate as aux): batch keys tokens[,
+  prompt_len] (SFT); `rng` draws t and the masks.
 
   Args:
     cfg: the masked-diffusion model config.
     eps: floor of the masking probability.
   """
   def loss_fn(params, batch, rng):
-    value, _ = mdm.loss(params, batch["tokens"], cfg, rng, prompt_len_B=batch.get("prompt_len"), eps=eps)
-    return value, jnp.ones((), jnp.float32)
+    value, stats = mdm.loss(params, batch["tokens"], cfg, rng, prompt_len_B=batch.get("prompt_len"), eps=eps)
+    return value, jnp.ones((), jnp.float32), stats
   return loss_fn
 
 
@@ -168,7 +172,8 @@ def completion_logprobs(params, cfg: tfm.Config, prompt_BT, prompt_mask_BT, toke
 
 # ------------------------------------------------------------------------------------------------ GRPO
 
-AGGREGATIONS = ("seq_mean", "token_mean", "constant")
+Aggregation = Literal["seq_mean", "token_mean", "constant"]
+AGGREGATIONS = choices.values(Aggregation)
 
 
 def aggregate(x_BN, mask_BN, rule: str, max_len: int | None = None):
@@ -239,10 +244,11 @@ def grpo_objective(logp_BN, old_logp_BN, adv_B, mask_BN, *, ref_logp_BN=None, be
   return loss_sum, weight, stats
 
 
-def grpo_terms_fn(cfg: tfm.Config, *, beta: float = 0.0, clip_low: float = 0.2, clip_high: float = 0.2,
-                  aggregation: str = "seq_mean", max_len: int | None = None, temperature: float = 1.0,
-                  forward_fn=None):
-  """`(params, batch) -> (loss_sum, weight, stats)` of GRPO on a rollout batch; stats add the policy entropy.
+def grpo_loss_fn(cfg: tfm.Config, *, beta: float = 0.0, clip_low: float = 0.2, clip_high: float = 0.2,
+                 aggregation: str = "seq_mean", max_len: int | None = None, temperature: float = 1.0,
+                 forward_fn=None) -> LossFn:
+  """GRPO on a rollout batch as a `LossFn`: `(loss_sum, weight, stats)`, the stats `grpo_objective`'s and the
+  policy entropy (token mean over the completions).
 
   Batch keys: prompt [B, T], prompt_mask [B, T], tokens [B, N], completion_mask [B, N], old_logp [B, N],
   advantages [B], and ref_logp [B, N] when beta > 0. Log-probs are taken under `logits / temperature`, the
@@ -253,7 +259,8 @@ def grpo_terms_fn(cfg: tfm.Config, *, beta: float = 0.0, clip_low: float = 0.2, 
   if aggregation == "constant" and not max_len:
     raise ValueError("aggregation 'constant' needs max_len (the completion-length normalizer)")
 
-  def terms(params, batch):
+  def loss_fn(params, batch, rng):
+    del rng
     logp, ent = completion_logprobs(params, cfg, batch["prompt"], batch["prompt_mask"], batch["tokens"],
                                     temperature, entropy=True, forward_fn=forward_fn)
     mask = batch["completion_mask"]
@@ -262,17 +269,6 @@ def grpo_terms_fn(cfg: tfm.Config, *, beta: float = 0.0, clip_low: float = 0.2, 
         clip_low=clip_low, clip_high=clip_high, aggregation=aggregation, max_len=max_len)
     stats["entropy"] = _masked_mean(jax.lax.stop_gradient(ent), mask.astype(jnp.float32))
     return loss_sum, weight, stats
-  return terms
-
-
-def grpo_loss_fn(cfg: tfm.Config, **kw) -> LossFn:
-  """GRPO as a `LossFn` (the statistics dropped); keyword args and batch keys as in `grpo_terms_fn`."""
-  terms = grpo_terms_fn(cfg, **kw)
-
-  def loss_fn(params, batch, rng):
-    del rng
-    loss_sum, weight, _ = terms(params, batch)
-    return loss_sum, weight
   return loss_fn
 
 
@@ -330,7 +326,7 @@ def dpo_loss_fn(cfg: tfm.Config, *, beta: float = 0.1, alpha: float = 0.0, kind:
   Batch keys: chosen_inputs, chosen_targets, chosen_mask, rejected_inputs, rejected_targets, rejected_mask
   ([B, T] each; right-padded, masks 1 on completion targets only) and ref_chosen_logp, ref_rejected_logp [B]
   (computed once, `jaxlab.rl.dpo.reference_logprobs`). Returns (sum over pairs of the pair loss + alpha * B *
-  NLL, B), the NLL a token mean over this batch's chosen completions (as TRL's "sft" loss term).
+  NLL, B, {}), the NLL a token mean over this batch's chosen completions (as TRL's "sft" loss term).
 
   Args:
     cfg: the model config.
@@ -357,7 +353,7 @@ def dpo_loss_fn(cfg: tfm.Config, *, beta: float = 0.1, alpha: float = 0.0, kind:
     loss_sum = jnp.sum(per_pair)
     if alpha:
       loss_sum = loss_sum + alpha * b * (-jnp.sum(c) / jnp.maximum(jnp.sum(nc), 1.0))
-    return loss_sum, b
+    return loss_sum, b, {}
   return loss_fn
 
 
@@ -407,7 +403,7 @@ def prm_loss_fn(lm_cfg: tfm.Config, head_cfg: heads.Config, freeze_lm: bool = Tr
     del rng
     lm = jax.lax.stop_gradient(params["lm"]) if freeze_lm else params["lm"]
     h = heads.hidden_states(lm, lm_cfg, batch["tokens"], batch.get("mask"))
-    return prm_step_loss(heads.logits(params["head"], head_cfg, h), batch["labels"], batch["steps"])
+    return (*prm_step_loss(heads.logits(params["head"], head_cfg, h), batch["labels"], batch["steps"]), {})
   return loss_fn
 
 
@@ -475,7 +471,7 @@ def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, to
   of a group may then be unrelated). Embeddings, from the final-normed LM hidden state: the anchor is its mean over
   `anchor_mask` (the image and question positions) of row 0 (under causal attention every row of a question shares
   them), a rationale's embedding its mean over that row's `span_mask` (the rationale's tokens as inputs). Returns (CE
-  sum + alpha * MCA mean * tokens, tokens): the train step's division gives the token-mean CE + alpha * the
+  sum + alpha * MCA mean * tokens, tokens, {}): the train step's division gives the token-mean CE + alpha * the
   question-mean MCA, as MIND's loss (CE + alpha * contrastive).
 
   Args:
@@ -497,11 +493,11 @@ def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, to
     mask = batch["loss_mask"].reshape(b * r, t).astype(bool) & (targets != cfg.image_token_id)
     ce_sum, count = next_token_nll(out.logits, targets, mask)
     if not alpha:
-      return ce_sum, count
+      return ce_sum, count, {}
     h_BRTD = out.lm.hidden_states[-1].reshape(b, r, t, -1)
     anchor_BD = mean_pool(h_BRTD[:, 0], batch["anchor_mask"])
     emb_BRD = mean_pool(h_BRTD.reshape(b * r, t, -1), batch["span_mask"].reshape(b * r, t)).reshape(b, r, -1)
     mca_B, valid_B = mca_loss(anchor_BD, emb_BRD, batch["role"], margin, top_k)
     mca = jnp.sum(mca_B) / jnp.maximum(jnp.sum(valid_B), 1)
-    return ce_sum + alpha * mca * jax.lax.stop_gradient(count), count
+    return ce_sum + alpha * mca * jax.lax.stop_gradient(count), count, {}
   return loss_fn

@@ -3,8 +3,8 @@
 Implements the GSPMD way of sharding (arXiv:2105.04663) with named logical axes mapped to the mesh axes
 ("data", "fsdp", "tensor"): data parallelism, fully sharded data parallelism (ZeRO-3, arXiv:1910.02054) and
 Megatron tensor parallelism (arXiv:1909.08053), or FSDP and tensor parallelism together. Every parameter's
-dims carry logical names (`jaxlab.nn.axes`); a strategy is a short rule table from logical names to mesh
-axes, and XLA inserts the collectives.
+dims carry logical names, given by the model family's axis rules (`axes=tfm.AXES`, see `jaxlab.nn.axes`); a
+strategy is a short rule table from logical names to mesh axes, and XLA inserts the collectives.
 
 Rules: a logical name maps to None (replicated), one mesh axis, or a tuple of mesh axes. A dim whose size
 is not divisible by the product of its mesh axes keeps the longest prefix of those axes that divides it
@@ -18,11 +18,13 @@ import logging
 import math
 import os
 import re
+from typing import Literal
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxlab import choices
 from jaxlab.nn import axes as axes_lib
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,8 @@ RULES = {
     "fsdp_tp": (("vocab", "tensor"), ("embed", "fsdp"), ("q_heads", "tensor"), ("kv_heads", "tensor"),
                 ("heads", "tensor"), ("mlp", "tensor")) + _COMMON,
 }
+Strategy = Literal["dp", "fsdp", "tp", "fsdp_tp"]  # the names of RULES, as a config field's type
+choices.same(RULES, Strategy)
 
 
 # ---------------------------------------------------------------------------------------------- mesh
@@ -175,36 +179,38 @@ def logical_to_spec(names, rules, *, shape=None, mesh=None, path: str | None = N
   return P(*entries)
 
 
-def _map_params(fn, params, rules, mesh):
+def _map_params(fn, params, rules, mesh, axes, what):
+  axes_lib.require(axes, what)
   def one(p, x):
     shape = tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
     if not shape:
       return fn(P())
     path = axes_lib.path_str(p)
-    names = axes_lib.lookup(path, len(shape)).names
+    names = axes.lookup(path, len(shape)).names
     return fn(logical_to_spec(names, rules, shape=shape, mesh=mesh, path=path))
   return jax.tree_util.tree_map_with_path(one, params)
 
 
-def param_specs(params, rules, mesh=None):
-  """Tree of PartitionSpecs for a param tree (arrays or ShapeDtypeStructs), names from `jaxlab.nn.axes`.
+def param_specs(params, rules, mesh=None, *, axes: axes_lib.Rules):
+  """Tree of PartitionSpecs for a param tree (arrays or ShapeDtypeStructs).
 
   Args:
     params: the param tree.
     rules: a rule table or a strategy name in RULES.
     mesh: when given, non-divisible dims fall back to fewer mesh axes (module docstring).
+    axes: the logical axis rules of the params (`jaxlab.nn.axes.Rules`, e.g. `tfm.AXES`).
   """
-  return _map_params(lambda s: s, params, rules, mesh)
+  return _map_params(lambda s: s, params, rules, mesh, axes, "param_specs")
 
 
-def param_shardings(params_or_shapes, mesh, rules):
-  """Tree of NamedShardings on `mesh` for a param tree (arrays or ShapeDtypeStructs)."""
-  return _map_params(lambda s: NamedSharding(mesh, s), params_or_shapes, rules, mesh)
+def param_shardings(params_or_shapes, mesh, rules, *, axes: axes_lib.Rules):
+  """Tree of NamedShardings on `mesh` for a param tree (arrays or ShapeDtypeStructs) with axis rules `axes`."""
+  return _map_params(lambda s: NamedSharding(mesh, s), params_or_shapes, rules, mesh, axes, "param_shardings")
 
 
-def shard_params(params, mesh, rules):
-  """`params` placed on `mesh` by `rules` (every process passes the same full values)."""
-  return jax.device_put(params, param_shardings(params, mesh, rules))
+def shard_params(params, mesh, rules, *, axes: axes_lib.Rules):
+  """`params` placed on `mesh` by `rules` (every process passes the same full values); `axes` names their dims."""
+  return jax.device_put(params, param_shardings(params, mesh, rules, axes=axes))
 
 
 def _split_static(args):
@@ -217,15 +223,15 @@ def _split_static(args):
   return [a for a, d in zip(args, dynamic) if d], call
 
 
-def sharded_shapes(init_fn, mesh, rules, *args):
+def sharded_shapes(init_fn, mesh, rules, *args, axes: axes_lib.Rules):
   """ShapeDtypeStructs (with their shardings) of `init_fn(*args)`: an abstract target for restoring."""
   dyn, call = _split_static(args)
   shapes = jax.eval_shape(lambda *d: call(init_fn, d), *dyn)
-  shardings = param_shardings(shapes, mesh, rules)
+  shardings = param_shardings(shapes, mesh, rules, axes=axes)
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
-def sharded_init(init_fn, mesh, rules, *args):
+def sharded_init(init_fn, mesh, rules, *args, axes: axes_lib.Rules):
   """`init_fn(*args)` computed directly into its sharded layout (never materialized on one device).
 
   Args:
@@ -233,10 +239,11 @@ def sharded_init(init_fn, mesh, rules, *args):
     mesh: the device mesh.
     rules: a rule table or a strategy name in RULES.
     *args: arguments of `init_fn`, e.g. (cfg, key).
+    axes: the logical axis rules of the params (e.g. `tfm.AXES`).
   """
   dyn, call = _split_static(args)
   shapes = jax.eval_shape(lambda *d: call(init_fn, d), *dyn)
-  shardings = param_shardings(shapes, mesh, rules)
+  shardings = param_shardings(shapes, mesh, rules, axes=axes)
   return jax.jit(lambda *d: call(init_fn, d), out_shardings=shardings)(*dyn)
 
 

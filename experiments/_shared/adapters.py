@@ -2,9 +2,9 @@
 
 `Setup` says where the base comes from (pretrained here on arithmetic equations, or a transformers checkpoint by
 path) and which task it is fine-tuned on (synthetic word problems from `jaxlab.data.tasks.arithmetic`, or MetaMathQA
-/ GSM8K / commonsense JSONL by path); `check_paths` fails before any computation when a needed path is a placeholder
-or missing; `prepare` returns a `Context` (params, tokenizer, examples, encoded arrays) whose `evaluate` scores
-greedy completions by exact match of the final answer and `test_loss` gives the teacher-forced NLL of the solutions.
+/ GSM8K / commonsense JSONL by path); `check_paths` fails before any computation when a needed path is missing;
+`prepare` returns a `Context` (params, tokenizer, examples, encoded arrays) whose `evaluate` scores greedy completions
+by exact match of the final answer and `test_loss` gives the teacher-forced NLL of the solutions.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from experiments._shared.data import load_corpus
 from experiments._shared.recipes import byte_model, fit, optimizer
+from experiments.runner.overrides import Required
 from jaxlab import data as data_lib
 from jaxlab import hf, losses
 from jaxlab import sharding as shd
@@ -25,12 +26,10 @@ from jaxlab.data.tasks import arithmetic
 from jaxlab.evals import answers
 from jaxlab.generate import sampling
 from jaxlab.models import transformer as tfm
+from jaxlab.nn import layers
 from jaxlab.train import metrics as metrics_lib
 from jaxlab.train import schedules
 from jaxlab.train import state as state_lib
-
-REQUIRED = "REQUIRED:"
-
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
@@ -46,7 +45,7 @@ class Setup:
   model: tfm.Config = byte_model(32, 1, 2, 64)
   model_path: str | None = None
   tokenizer: str = "byte"  # "byte", a tokenizer.json file or directory; "" = the model_path directory
-  dtype: str | None = None  # cast loaded params (e.g. "bfloat16")
+  dtype: layers.DType | None = None  # cast loaded params (e.g. "bfloat16")
   pretrain_steps: int = 8
   pretrain_batch: int = 8
   pretrain_seq_len: int = 64
@@ -56,14 +55,14 @@ class Setup:
   pretrain_mix: str | None = None
   digits: int = 1
   steps: int = 2
-  ops: tuple[str, ...] = ("add", "sub")
-  label_by: str = "op"
+  ops: tuple[arithmetic.Op, ...] = ("add", "sub")
+  label_by: arithmetic.Label = "op"
   train_examples: int = 64  # synthetic: drawn; JSONL: a cap (0 = all)
   test_examples: int = 16  # JSONL: a cap (0 = all)
   train_path: str | None = None
-  train_format: str = "metamathqa"
+  train_format: arithmetic.Format = "metamathqa"
   test_path: str | None = None
-  test_format: str = "gsm8k"
+  test_format: arithmetic.Format = "gsm8k"
   seq_len: int = 96  # a cap: training rows are as long as the longest example (rounded up to 8)
   max_new_tokens: int = 16
   eval_batch: int = 64
@@ -101,24 +100,21 @@ class Setup:
 
   @classmethod
   def full(cls, **kw) -> "Setup":
-    return dataclasses.replace(cls(model_path=f"{REQUIRED} --set setup.model_path=DIR (a LLaMA checkpoint)",
+    return dataclasses.replace(cls(model_path=Required("--set setup.model_path=DIR: a LLaMA checkpoint"),
                                    tokenizer="", dtype="bfloat16", pretrain_steps=0,
-                                   train_path=f"{REQUIRED} --set setup.train_path=MetaMathQA.jsonl",
-                                   test_path=f"{REQUIRED} --set setup.test_path=gsm8k_test.jsonl",
+                                   train_path=Required("--set setup.train_path=MetaMathQA.jsonl"),
+                                   test_path=Required("--set setup.test_path=gsm8k_test.jsonl"),
                                    train_examples=0, test_examples=0, seq_len=512, max_new_tokens=256,
                                    eval_batch=64), **kw)
 
 
 def check_paths(setup: Setup) -> None:
-  """Fails before any work when a path the setup needs is a placeholder (ValueError) or missing
-  (FileNotFoundError), naming every such setting at once."""
+  """Fails before any work when a path the setup needs is missing (FileNotFoundError), naming every such setting
+  at once."""
   need = [("setup.model_path", setup.model_path), ("setup.train_path", setup.train_path),
           ("setup.test_path", setup.test_path)]
   if setup.model_path is not None and setup.tokenizer not in ("", "byte"):
     need.append(("setup.tokenizer", setup.tokenizer))
-  placeholders = [f"{name}: {path}" for name, path in need if path is not None and path.startswith(REQUIRED)]
-  if placeholders:
-    raise ValueError("this preset needs paths: " + "; ".join(placeholders))
   missing = [f"{name}: expected an existing path, found nothing at {path!r}" for name, path in need
              if path is not None and not os.path.exists(path) and not any(c in path for c in "*?[")]
   if missing:
@@ -143,11 +139,11 @@ def shard_fn(mesh):
 
 
 def sft_loss_fn(model_cfg: tfm.Config):
-  """(params, batch, rng) -> (summed NLL on the answer tokens, their count)."""
+  """(params, batch, rng) -> (summed NLL on the answer tokens, their count, {})."""
   def loss_fn(params, batch, rng):
     del rng
     logits = tfm.forward(params, batch["inputs"], model_cfg).logits
-    return losses.next_token_nll(logits, batch["targets"], batch["loss_mask"])
+    return (*losses.next_token_nll(logits, batch["targets"], batch["loss_mask"]), {})
   return loss_fn
 
 
@@ -191,7 +187,7 @@ class Context:
       chunk = {k: v[s:s + b] for k, v in self.test_arrays.items()}
       if len(chunk["inputs"]) < b:  # pad with masked-out rows: one compiled shape
         chunk = {k: np.concatenate([v, np.zeros((b - len(v),) + v.shape[1:], v.dtype)]) for k, v in chunk.items()}
-      nll, w = self._nll(params, chunk, None)
+      nll, w, _ = self._nll(params, chunk, None)
       total, count = total + float(nll), count + float(w)
     return total / max(count, 1.0)
 

@@ -15,8 +15,6 @@ from jaxlab.models import registry as models
 
 def resolve_model(spec: str) -> str:
   """A registered real-model name -> its installed path; anything else must be an existing path."""
-  if spec.startswith("REQUIRED"):
-    raise ValueError(f"this preset needs a model: {spec}")
   if spec in models.REAL_MODELS:
     return models.real_model_path(spec)
   if not os.path.exists(spec):

@@ -10,13 +10,11 @@ def load_corpus(spec: str, max_docs: int | None = None) -> data_lib.Corpus:
   """"stdlib", "hf:NAME_OR_DIR", or a path: *.jsonl / *.parquet files, else plain text files.
 
   Args:
-    spec: the corpus; a preset placeholder starting with "REQUIRED" is refused with its message.
+    spec: the corpus.
     max_docs: keep only the first `max_docs` documents (None: all).
   """
   if spec == "stdlib":
     return data_lib.stdlib_corpus(max_docs)
-  if spec.startswith("REQUIRED"):
-    raise ValueError(f"this preset needs a corpus path: {spec}")
   if spec.startswith("hf:"):
     docs = data_lib.hf_corpus(spec[3:])
   elif ".jsonl" in spec or (os.path.isdir(spec) and any(f.endswith(".jsonl") for f in os.listdir(spec))):

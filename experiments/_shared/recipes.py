@@ -21,17 +21,18 @@ def byte_model(d: int, layers: int, heads: int, ff: int, maxlen: int = 128) -> t
                     max_position_embeddings=maxlen, bos_token_id=256, eos_token_id=257, pad_token_id=258)
 
 
-def optimizer(learning_rate: optax.ScalarOrSchedule, name: str = "adamw", grad_clip: float = 0.0,
-              **hp) -> optax.GradientTransformation:
-  """`clip_by_global_norm(grad_clip)` (skipped at 0) then `jaxlab.optim.get(name, learning_rate, **hp)`.
+def optimizer(learning_rate: optax.ScalarOrSchedule, name: str = "adamw", grad_clip: float = 0.0, *,
+              axes=None, **hp) -> optax.GradientTransformation:
+  """`clip_by_global_norm(grad_clip)` (skipped at 0) then `jaxlab.optim.get(name, learning_rate, axes=axes, **hp)`.
 
   Args:
     learning_rate: a float or a schedule `step -> lr`.
     name: one of `jaxlab.optim.names()`.
     grad_clip: max global gradient norm; 0 for no clipping.
+    axes: the params' logical axis rules (e.g. `tfm.AXES`), for every optimizer but adamw.
     **hp: the optimizer's hyperparameters (e.g. b1, b2, weight_decay for adamw).
   """
-  tx = optim.get(name, learning_rate, **hp)
+  tx = optim.get(name, learning_rate, axes=axes, **hp)
   return optax.chain(optax.clip_by_global_norm(grad_clip), tx) if grad_clip > 0 else tx
 
 
@@ -41,8 +42,8 @@ def compute_dtype(model: tfm.Config):
 
 
 def train_step(loss_fn, tx: optax.GradientTransformation, state=None, mesh=None, strategy: str = "dp", *,
-               microbatches: int = 1, compute: str | None = None, schedule=None):
-  """`jit_train_step(make_train_step(loss_fn, tx, ...), state, mesh, strategy)`.
+               axes=None, microbatches: int = 1, compute: str | None = None, schedule=None):
+  """`jit_train_step(make_train_step(loss_fn, tx, ...), state, mesh, strategy, axes=axes)`.
 
   Args:
     loss_fn: a `jaxlab.losses.LossFn`.
@@ -50,21 +51,22 @@ def train_step(loss_fn, tx: optax.GradientTransformation, state=None, mesh=None,
     state: the TrainState (its structure shards the jitted step; needed with `mesh`).
     mesh: device mesh or None.
     strategy: sharding rules of the state.
+    axes: the params' logical axis rules (e.g. `tfm.AXES`); needed with `mesh`.
     microbatches, schedule: as in `make_train_step`.
     compute: the compute dtype (`compute_dtype(model)`).
   """
   fn = step_lib.make_train_step(loss_fn, tx, microbatches=microbatches, compute_dtype=compute, schedule=schedule,
                                 mesh=mesh)
-  return step_lib.jit_train_step(fn, state, mesh, strategy)
+  return step_lib.jit_train_step(fn, state, mesh, strategy, axes=axes)
 
 
 def fit(state, loss_fn, tx: optax.GradientTransformation, batches, steps: int, *, mesh=None, strategy: str = "dp",
-        microbatches: int = 1, compute: str | None = None, schedule=None, **loop_kw):
+        axes=None, microbatches: int = 1, compute: str | None = None, schedule=None, **loop_kw):
   """`train_step(...)` run for `steps` by `train_loop(state, step, batches, steps, **loop_kw)`.
 
   Returns:
     (LoopResult, the jitted step).
   """
-  step = train_step(loss_fn, tx, state, mesh, strategy, microbatches=microbatches, compute=compute,
+  step = train_step(loss_fn, tx, state, mesh, strategy, axes=axes, microbatches=microbatches, compute=compute,
                     schedule=schedule)
   return loop_lib.train_loop(state, step, batches, steps, **loop_kw), step

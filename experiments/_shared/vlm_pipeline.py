@@ -145,7 +145,7 @@ def _vit_loss(vcfg: vit.Config, n_colour: int, n_shape: int):
     for name, _n in (("colour", n_colour), ("shape", n_shape)):
       logits = nn_layers.linear(params["head"][name], h).astype(jnp.float32)
       out = out + jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, batch[name]))
-    return out, jnp.asarray(h.shape[0] * h.shape[1] * 2, jnp.float32)
+    return out, jnp.asarray(h.shape[0] * h.shape[1] * 2, jnp.float32), {}
   return loss
 
 
@@ -204,7 +204,7 @@ def load_artifacts(run_dir: str, train: TrainConfig | None = None) -> Artifacts 
 
 def load_checkpoint(path: str) -> Artifacts:
   """A LLaVA checkpoint directory (config.json, safetensors, tokenizer.json), with errors that name what is missing."""
-  if not path or path.startswith("REQUIRED") or not os.path.isdir(path):
+  if not path or not os.path.isdir(path):
     raise ValueError(f"vlm_path must be an existing LLaVA checkpoint directory, found {path!r}")
   missing = [f for f in ("config.json", "tokenizer.json") if not os.path.exists(os.path.join(path, f))]
   if missing:

@@ -45,15 +45,17 @@ function claim does not. The two methods also start from different warm starts, 
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from experiments import registry
+from experiments.bao.agent import GYMS, Gym
 from experiments.bao.pipeline import run
+from experiments.bao.turns import CREDITS, SCORES, Credit, Score
 from experiments.runner.claims import Claim
+from jaxlab import choices
 
-GYMS = ("function", "telepathy", "turtle")
-METHODS = ("prompt_only", "sft", "grpo_userrl", "bao")
-CREDITS = ("Equalized", "R2G", "EM")
-SCORES = ("Sum", "R2G")
+Method = Literal["prompt_only", "sft", "grpo_userrl", "bao"]
+METHODS = choices.values(Method)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +66,10 @@ class Config:
   uses it); entity_pool: how many of them, spread evenly over the pool (0: all)."""
   policy: str = "word"
   user: str = "scripted"
-  entities: str = "builtin"
+  entities: Literal["builtin", "wordnet", "auto"] = "builtin"
   entity_pool: int = 20
-  gyms: tuple[str, ...] = GYMS
-  methods: tuple[str, ...] = METHODS
+  gyms: tuple[Gym, ...] = GYMS
+  methods: tuple[Method, ...] = METHODS
   max_turns: tuple[int, ...] = (15, 15, 12)
   d_model: int = 64
   layers: int = 2
@@ -90,8 +92,8 @@ class Config:
   minibatch: int = 64
   rl_lr: float = 5e-4
   temperature: float = 1.0
-  credit: str = "Equalized"
-  score: str = "R2G"
+  credit: Credit = "Equalized"
+  score: Score = "R2G"
   gamma: float = 0.8
   # small next to R2G scores: a telepathy success after six questions scores 0.8^6 = 0.26, while penalties on the
   # early questions are barely discounted (at w = c_info = 0.05 the cpu run's BAO stopped asking and failed)
@@ -148,7 +150,7 @@ PRESETS = {
                     prompts_per_gym=1, group=2, updates_per_batch=1, minibatch=16, max_turns=(4, 4, 4),
                     eval_episodes=2, think_budget=64),
     "cpu": Config(),
-    "full": Config(policy="REQUIRED: --set policy=/path/to/chat_model (HF directory or .gguf)",
+    "full": Config(policy=registry.Required("--set policy=PATH: a chat model (transformers directory or .gguf)"),
                    user="scripted", entities="wordnet", entity_pool=0, max_len=4096, max_new_tokens=512, bucket=512,
                    pretrain_steps=0, sft_episodes=2000, sft_steps=1000, batch=32, lr=1e-5, rl_iterations=200,
                    prompts_per_gym=8, group=8, rl_lr=1e-6, think_budget=2048, eval_episodes=200),
@@ -167,4 +169,5 @@ registry.register(registry.Experiment(
     requires=lambda cfg: ("wordnet",) if cfg.entities == "wordnet" else (),
     description="BAO vs UserRL-GRPO, SFT and prompting on the function / telepathy / turtle gyms: score, "
                 "Pass@U-1, user-involvement rate",
+    results=("score.<gym>.<method>", "pass_u1.<gym>.<method>", "user_rate.<gym>.<method>"),
     paper="bao", claims=(_claim("function"), _claim("telepathy"))))

@@ -20,16 +20,18 @@ import itertools
 import math
 import operator
 import re
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 
+from jaxlab import choices
 from jaxlab.envs import base as envs
 from experiments.bao import function as fn_gym
 from experiments.bao import telepathy as tp_gym
 from experiments.bao import turtle as tt_gym
 
-GYMS = ("function", "telepathy", "turtle")
+Gym = Literal["function", "telepathy", "turtle"]
+GYMS = choices.values(Gym)
 FIRST_PROBE = (1, 2, 3, 4)
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.Pow: operator.pow}

@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import Literal, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-CREDITS = ("Equalized", "R2G", "EM")
-SCORES = ("Sum", "R2G")
+from jaxlab import choices
+
+Credit = Literal["Equalized", "R2G", "EM"]
+CREDITS = choices.values(Credit)
+Score = Literal["Sum", "R2G"]
+SCORES = choices.values(Score)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +37,8 @@ class TurnCredit:
   """gamma: discount of R2G credits and scores; credit: one of CREDITS; score: one of SCORES;
   scale_by_std: divide by the group std (UserRL's norm_adv_by_std_in_grpo); eps: added to the std."""
   gamma: float = 0.8
-  credit: str = "Equalized"
-  score: str = "Sum"
+  credit: Credit = "Equalized"
+  score: Score = "Sum"
   scale_by_std: bool = True
   eps: float = 1e-6
 

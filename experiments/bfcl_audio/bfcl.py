@@ -1,4 +1,4 @@
-"""BFCL function-calling checker (Berkeley Function Calling Leaderboard v4, "bfcl_audio" in papers/DIGEST.md).
+"""BFCL function-calling checker (Berkeley Function Calling Leaderboard v4, experiments/bfcl_audio/README.md).
 
 `ast_check` gives the leaderboard's AST verdict and error type for one model output; `relevance_check` the
 (ir)relevance verdict (irrelevance passes when no call decodes); `multi_turn_check` runs both call traces on the

@@ -1,4 +1,4 @@
-"""BFCL multi-turn checker (Berkeley Function Calling Leaderboard v4, "bfcl_audio" in papers/DIGEST.md).
+"""BFCL multi-turn checker (Berkeley Function Calling Leaderboard v4, experiments/bfcl_audio/README.md).
 
 Each turn, the model's decoded calls and the ground-truth calls run on two separate sets of the `bfcl-eval` wheel's
 stateful API classes (GorillaFileSystem, TwitterAPI, TradingBot, ...; imported from the installed package at run

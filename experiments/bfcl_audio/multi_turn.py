@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Literal
 
 from experiments.bfcl_audio import bfcl
 from experiments.bfcl_audio import bfcl_multi_turn
+from jaxlab import choices
 
 CATEGORIES = bfcl.MULTI_TURN_CATEGORIES
+Category = Literal["multi_turn_base", "multi_turn_miss_func", "multi_turn_miss_param", "multi_turn_long_context"]
+choices.same(CATEGORIES, Category)
 ERRORS = ("force_terminated", "empty_turn_model_response", "instance_state_mismatch",
           "execution_response_mismatch")  # bfcl_multi_turn.check's error types, less the "multi_turn:" prefix
 

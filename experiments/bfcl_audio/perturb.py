@@ -1,4 +1,4 @@
-"""Perturbations of spoken requests for bfcl_audio (BFCL Audio, "bfcl_audio" in papers/DIGEST.md).
+"""Perturbations of spoken requests for bfcl_audio (BFCL Audio, experiments/bfcl_audio/README.md).
 
 Text side: `disfluent` inserts fillers ("um", "uh", "you know"), repeats a word and adds false starts that the
 speaker then corrects ("book a, I mean, book a table"); it never touches a protected word (anything with a digit,

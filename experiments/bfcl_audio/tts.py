@@ -1,4 +1,4 @@
-"""Speech synthesis for bfcl_audio (BFCL Audio, "bfcl_audio" in papers/DIGEST.md): spoken requests from text.
+"""Speech synthesis for bfcl_audio (BFCL Audio, experiments/bfcl_audio/README.md): spoken requests from text.
 
 `synthesize(text, engine=..., voice=..., rate=..., pitch=...)` returns (16 kHz float32 waveform, meta). Engines:
 "espeak" runs the Debian `espeak-ng` binary (formant synthesis; its English accents are listed by `voices`), text

@@ -65,7 +65,7 @@ class Config:
 PRESETS = {
     "smoke": Config(items=8, samples=4, ns=(1, 4)),
     "cpu": Config(items=96, samples=16, ns=(1, 2, 4, 8, 16)),
-    "full": Config(samples_path="REQUIRED: --set samples_path=PATH (JSONL of verdicts and y per item)",
+    "full": Config(samples_path=registry.Required("--set samples_path=PATH: a JSONL file of verdicts and y per item"),
                    samples=32, ns=(1, 2, 4, 8, 16, 32)),
 }
 
@@ -152,8 +152,6 @@ def read_samples(path: str, samples: int) -> tuple[np.ndarray, np.ndarray]:
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # minutes of work at the cpu preset; recomputed
   if cfg.samples_path is not None:
-    if cfg.samples_path.startswith("REQUIRED"):
-      raise ValueError(f"this preset needs judge samples: {cfg.samples_path}")
     verdicts, y = read_samples(cfg.samples_path, cfg.samples)
     items, judge = None, None
   else:
@@ -197,6 +195,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 registry.register(registry.Experiment(
     name="btd", config_cls=Config, presets=PRESETS, run=run,
     description="BTD vs majority / soft self-consistency / self-aggregation of sampled SmolLM2 verdicts",
+    results=("mae.<method>", "pairwise_acc.<method>", "mae.btd.n<n>", "unparsed_share", "verdict_share.a",
+             "verdict_share.b", "verdict_share.tie", "judge_accuracy_single", "items", "n_max"),
     paper="btd", claims=(
         Claim("mae", "calibrated BTD has a lower MAE than majority vote and soft self-consistency",
               "lower MAE than every baseline on every benchmark", "{mae.btd} < min({mae.majority}, {mae.soft_sc})",

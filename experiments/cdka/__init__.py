@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from typing import Literal
 
 import jax
 import numpy as np
@@ -37,14 +38,18 @@ from experiments._shared import adapters as common
 from experiments import registry
 from experiments._shared.recipes import fit, optimizer
 from experiments.runner.claims import Claim
+from jaxlab import choices
+from jaxlab import sharding as shd
 from jaxlab.adapters import kron, lora
 from jaxlab.data.tasks import arithmetic
 from jaxlab.models import transformer as tfm
 from jaxlab.train import schedules
 from jaxlab.train import state as state_lib
 
-METHODS = ("full", "lora", "cdka", "cdka_alt")
-PREFS = ("rank", "shape")
+Method = Literal["full", "lora", "cdka", "cdka_alt"]
+METHODS = choices.values(Method)
+Prefer = Literal["rank", "shape"]  # kron.recommend's preferences
+PREFS = choices.values(Prefer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +61,7 @@ class Config:
   fits a single component, so it moves to the nearest shape that spends the budget. cdka_alt runs the other one.
   """
   setup: common.Setup = common.Setup()
-  methods: tuple[str, ...] = ("full", "lora", "cdka")
+  methods: tuple[Method, ...] = ("full", "lora", "cdka")
   steps: int = 4
   batch_size: int = 8
   lr_full: float = 1e-3
@@ -72,14 +77,14 @@ class Config:
   cdka_r: int = 0
   cdka_r1: int = 0
   cdka_r2: int = 0
-  cdka_prefer: str = "rank"
+  cdka_prefer: Prefer = "rank"
   cdka_alpha: float = 16.0
   budget_tolerance: float = 0.05
   analysis: bool = True
   analysis_max_matrices: int = 0  # 0: every targeted matrix (per layer); else an evenly spaced subset
   log_every: int = 2
   mesh: str | None = None
-  strategy: str = "dp"
+  strategy: shd.Strategy = "dp"
   seed: int = 0
 
   def __post_init__(self):
@@ -176,6 +181,7 @@ def finetune(cfg: Config, ctx: common.Context, lr: float, adapter_mod, adapter_c
   inner = optimizer(schedule, "adamw", cfg.grad_clip, weight_decay=cfg.weight_decay)
   base = jax.tree.map(lambda x: x.copy(), ctx.params)  # the train step donates its state
   sft_loss = common.sft_loss_fn(ctx.model)
+  rules = tfm.AXES if adapter_mod is None else adapter_mod.axis_rules(tfm.AXES)
   if adapter_mod is None:
     params, tx, loss_fn, trainable = base, inner, sft_loss, tfm.num_params(base)
   else:
@@ -188,9 +194,9 @@ def finetune(cfg: Config, ctx: common.Context, lr: float, adapter_mod, adapter_c
   mesh = common.mesh_of(cfg.mesh)
   state = state_lib.TrainState(params, tx.init(params), np.zeros((), np.int32), jax.random.PRNGKey(cfg.seed))
   if mesh is not None:
-    state = state_lib.place(state, mesh, cfg.strategy)
+    state = state_lib.place(state, mesh, cfg.strategy, axes=rules)
   batches = common.sft_batches(ctx.train_arrays, cfg.batch_size, cfg.seed + 1)
-  res, _ = fit(state, loss_fn, tx, batches, cfg.steps, mesh=mesh, strategy=cfg.strategy, schedule=schedule,
+  res, _ = fit(state, loss_fn, tx, batches, cfg.steps, mesh=mesh, strategy=cfg.strategy, axes=rules, schedule=schedule,
                shard_fn=common.shard_fn(mesh), log_every=cfg.log_every, desc=f"cdka:{name}")
   for r in res.history:
     writer.write({"phase": "finetune", "method": name, **r})
@@ -354,6 +360,9 @@ def _write_table(path: str, cfg: Config, res: dict, plots: dict) -> None:
 registry.register(registry.Experiment(
     name="cdka", config_cls=Config, presets=PRESETS, run=run,
     description="CDKA vs LoRA vs full fine-tuning at equal budgets on arithmetic word problems (+ alignment)",
+    results=("accuracy.<method>", "trainable_params.<method>", "final_loss.<method>", "test_loss.<method>",
+             "base_equation_accuracy?", "cdka_config", "cdka_rank_bound", "cdka_alt_config", "cdka_alt_rank_bound",
+             "cdka_prefer", "lora_rank", "alignment.rel_error.<config>?", "alignment.cosine.<method>?"),
     paper="cdka", claims=(
         Claim("beats_lora", "CDKA reaches at least LoRA's accuracy at an equal trainable-parameter budget",
               "above LoRA at equal budget (LLaMA-2-7B, MetaMathQA -> GSM8K)",

@@ -1,4 +1,4 @@
-"""ConPress, Learning from Contextual Pressure ("conpress" in papers/DIGEST.md; no public code): self-compression
+"""ConPress, Learning from Contextual Pressure (see experiments/conpress/README.md; no public code): self-compression
 of a chat LM's reasoning when several questions share one prompt, and SFT on the compressed traces.
 
 Phenomenon: N = 1, 2, 4, 8 independent questions are packed into one prompt of a fixed format (`pack_prompt`):
@@ -137,9 +137,9 @@ PRESETS = {
     # 120 held-out prompts (64 questions at N = 1, 2, 4, 8), 48 training questions alone and in 12 packs of 4,
     # 16 LoRA steps of 4 rows, 64 single-question prompts after: ~11 minutes on 2 idle cores
     "cpu": Config(),
-    "full": Config(model="REQUIRED: a .gguf file or transformers directory (--set model=PATH)",
-                   task="jsonl:REQUIRED (--set task=jsonl:/path/test.jsonl: MATH500, AIME or GSM8K rows)",
-                   train_task="jsonl:REQUIRED (--set train_task=jsonl:/path/train.jsonl)",
+    "full": Config(model=registry.Required("--set model=PATH: a .gguf file or transformers directory"),
+                   task=registry.Required("--set task=jsonl:/path/test.jsonl: MATH500, AIME or GSM8K rows"),
+                   train_task=registry.Required("--set train_task=jsonl:/path/train.jsonl"),
                    test_questions=496, train_questions=8000, packings=2, max_new_tokens=512, gen_batch=64,
                    lora_rank=16, lora_alpha=32.0, steps=2000, batch_size=16, lr=2e-4),
 }
@@ -156,8 +156,6 @@ def pack_prompt(questions) -> str:
 def read_jsonl(path: str, n: int) -> list[dict]:
   """The first `n` {"question", "answer"} rows of a JSONL file: the question from "question" / "problem" /
   "prompt", the answer from "answer" (GSM8K's text after "####"; MATH500 / AIME answers as they are)."""
-  if path.startswith("REQUIRED"):
-    raise ValueError(f"this preset needs a question file: {path}")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"expected a JSONL question file, found nothing at {path!r}")
   rows = []
@@ -415,6 +413,11 @@ def run_with_model(cfg: Config, out_dir: str, mcfg, params, tok, test_task: Task
 registry.register(registry.Experiment(
     name="conpress", config_cls=Config, presets=PRESETS, run=run,
     description="multi-question prompts: per-question tokens/accuracy by N and position; SFT on compressed traces",
+    results=("tokens_per_question.n<n>", "accuracy.n<n>", "parsed.n<n>", "position_tokens.<i>", "position_accuracy.<i>",
+             "sft.examples", "sft.candidates", "sft.correct_candidates", "sft.train_single_tokens", "sft.target_tokens",
+             "sft.tokens_before", "sft.accuracy_before", "baseline.n", "baseline.tokens", "baseline.accuracy",
+             "sft.loss_first?", "sft.loss_last?", "sft.tokens_after", "sft.accuracy_after", "seconds",
+             "seconds.<phase>"),
     paper="conpress", claims=(
         Claim("sft", "SFT on correct concise multi-question traces cuts single-question tokens by >= 30% with "
               "accuracy within 2 points", "-59% tokens on MATH500 at matched accuracy",

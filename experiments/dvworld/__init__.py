@@ -1,4 +1,4 @@
-"""DV-World (papers/DIGEST.md "dvworld"; code DA-Open/DV-World): data-visualization agents scored on a mini task set.
+"""DV-World (experiments/dvworld/README.md; code DA-Open/DV-World): data-visualization agents scored on a mini task set.
 
 Three domains over tables that ship with installed packages (`tasks`):
 - DV-Evol: the agent's program draws the chart and writes the plotted table (result.csv); it runs in the sandbox
@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import Literal
 
 import numpy as np
 
@@ -30,9 +31,12 @@ from experiments.dvworld import agents as agents_lib
 from experiments.dvworld import interact, rubric, sheet, tasks
 from experiments.runner.claims import Check, Claim
 from experiments.dvworld import charts
+from jaxlab import choices
 
 PROGRAM_AGENTS = ("reference",) + tasks.BROKEN
 LM_AGENTS = ("smollm2",)
+Agent = Literal["reference", "wrong_aggregation", "wrong_column", "missing_filter", "wrong_chart_type", "smollm2"]
+choices.same(PROGRAM_AGENTS + LM_AGENTS, Agent)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +44,12 @@ class Config:
   """dvworld settings. `tasks` / `sheet_tasks`: task ids (None: all); `agents`: of PROGRAM_AGENTS and LM_AGENTS."""
   tasks: tuple[str, ...] | None = None
   sheet_tasks: tuple[str, ...] | None = None
-  agents: tuple[str, ...] = PROGRAM_AGENTS + LM_AGENTS
+  agents: tuple[Agent, ...] = PROGRAM_AGENTS + LM_AGENTS
   model: str = "smollm2-135m-instruct"
   max_new_tokens: int = 384
   interact_new_tokens: int = 96
   max_turns: int = 4
-  judge: str = "rule"
+  judge: Literal["rule", "mllm"] = "rule"
   judge_path: str | None = None
   job_timeout_s: int = 60
   memory_mb: int = 2048
@@ -77,9 +81,9 @@ SMOKE_TASKS = ("tips_bar", "gapminder_line", "cars_scatter")
 PRESETS = {
     "smoke": Config(tasks=SMOKE_TASKS, sheet_tasks=SMOKE_TASKS[:2], agents=PROGRAM_AGENTS),
     "cpu": Config(),
-    "full": Config(gold_dir="REQUIRED: --set gold_dir=PATH (DV-World's dv-evolution/gold)",
-                   results_dir="REQUIRED: --set results_dir=PATH (an agent's dv-evol-*/result.png, result.csv)",
-                   judge="mllm", judge_path="REQUIRED: --set judge_path=PATH (an executable MLLM judge)",
+    "full": Config(gold_dir=registry.Required("--set gold_dir=PATH: DV-World's dv-evolution/gold"),
+                   results_dir=registry.Required("--set results_dir=PATH: an agent's dv-evol-*/result.png, result.csv"),
+                   judge="mllm", judge_path=registry.Required("--set judge_path=PATH: an executable MLLM judge"),
                    agents=("reference",)),
 }
 
@@ -206,8 +210,6 @@ def run_full(cfg: Config, out_dir: str, log) -> dict:
   """DV-World's own DV-Evol cases: the gold directory against one agent's outputs, the MLLM judge on the images."""
   for field in ("gold_dir", "results_dir"):
     path = getattr(cfg, field)
-    if path.startswith("REQUIRED"):
-      raise ValueError(f"this preset needs {field}: {path}")
     if not os.path.isdir(path):
       raise FileNotFoundError(f"{field}: expected a directory of dv-evol-* case folders, found none at {path!r}")
   judge = _judge(cfg)
@@ -279,6 +281,9 @@ def _requires(cfg: Config) -> tuple[str, ...]:
 registry.register(registry.Experiment(
     name="dvworld", config_cls=Config, presets=PRESETS, run=run, requires=_requires,
     description="DV-World: table alignment, chart extraction, DV-Evol / DV-Sheet / DV-Interact on a mini task set",
+    results=("table_alignment.<agent>", "visual.<agent>", "dv_evol.<agent>", "ran.<agent>?", "sheet.<agent>?",
+             "sheet_create.<agent>?", "sheet_fix.<agent>?", "interact_isr.<agent>?", "interact_adjust.<agent>?",
+             "interact_score.<agent>?", "interact_asked.<agent>?", "tasks?", "sheet_tasks?", "cases?"),
     paper="dvworld", seed_key=None, claims=(
         Claim("weak", "a real agent stays below 50% overall", "state-of-the-art models achieve below 50% overall",
               "{dv_evol.smollm2} < 0.5 and {sheet.smollm2} < 0.5", presets=("cpu",),

@@ -1,4 +1,4 @@
-"""Chart evaluation for data-visualization agents (DV-World, papers/DIGEST.md "dvworld"; code DA-Open/DV-World).
+"""Chart evaluation for data-visualization agents (DV-World, experiments/dvworld/README.md; code DA-Open/DV-World).
 
 - `table_alignment`: the DV-Evol table score. Columns are matched by exact name (case- and space-sensitive):
   every gold column that the candidate also has is compared, gold columns the candidate lacks are left out of the

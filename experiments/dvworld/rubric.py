@@ -80,7 +80,7 @@ class CommandJudge:
   name = "mllm"
 
   def __init__(self, path: str, timeout_s: float = 300):
-    if not path or path.startswith("REQUIRED"):
+    if not path:
       raise ValueError(f"this preset needs an MLLM judge: {path or 'judge_path is empty'}")
     if not (os.path.isfile(path) and os.access(path, os.X_OK)):
       raise FileNotFoundError(f"judge_path: expected an executable MLLM judge (PATH GOLD_PNG CAND_PNG, prompt on "

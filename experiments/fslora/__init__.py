@@ -47,7 +47,7 @@ METHODS = fslora.METHODS
 class Config:
   """fslora settings; the federation fields mirror `jaxlab.adapters.fslora.Config`."""
   setup: common.Setup = common.Setup()
-  methods: tuple[str, ...] = ("fedlora", "hetlora", "fslora")
+  methods: tuple[fslora.Method, ...] = ("fedlora", "hetlora", "fslora")
   rank: int = 4
   alpha: float = 16.0
   targets: tuple[str, ...] = lora.ALL_LINEAR
@@ -57,9 +57,9 @@ class Config:
   local_batch: int = 4
   local_lr: float = 3e-3
   lr_decay: bool = False  # cosine decay of the clients' lr over the rounds, to 0.1x
-  local_opt: str = "adamw"
+  local_opt: fslora.LocalOpt = "adamw"
   server_lr: float = 1.0
-  server_opt: str = "sgd"
+  server_opt: fslora.ServerOpt = "sgd"
   reweighted: bool = False  # also run FSLoRA with fslora.Config.reweight (row fslora_reweighted)
   rounds: int = 2
   ratios: tuple[float, ...] = (0.25, 0.5, 0.75)
@@ -99,8 +99,8 @@ PRESETS = {
                   local_steps=5, local_batch=8, local_lr=2.5e-3, lr_decay=True, rounds=80,
                   ratios=(0.25, 0.5, 0.75), sweep_ratios=(0.25,), dirichlet_alpha=0.3, eval_every=20),
     "full": Config(setup=common.Setup.full(train_format="commonsense", test_format="commonsense",
-                                         train_path=f"{common.REQUIRED} --set setup.train_path=commonsense_170k.jsonl",
-                                         test_path=f"{common.REQUIRED} --set setup.test_path=TEST.jsonl",
+                                         train_path=registry.Required("--set setup.train_path=commonsense_170k.jsonl"),
+                                         test_path=registry.Required("--set setup.test_path=TEST.jsonl"),
                                          max_new_tokens=32),
                    rank=64, alpha=128.0, n_clients=50, clients_per_round=10, local_steps=20, local_batch=16,
                    local_lr=5e-4, rounds=100, ratios=(0.125, 0.25, 0.5, 1.0), sweep_ratios=(0.125, 0.25, 0.5),
@@ -121,7 +121,7 @@ def mean_loss_fn(model_cfg):
   sft = common.sft_loss_fn(model_cfg)
 
   def loss_fn(params, batch):
-    s, w = sft(params, batch, None)
+    s, w, _ = sft(params, batch, None)
     return s / jnp.maximum(w, 1.0)
   return loss_fn
 
@@ -220,6 +220,8 @@ def _table(path: str, cfg: Config, res: dict) -> None:
 registry.register(registry.Experiment(
     name="fslora", config_cls=Config, presets=PRESETS, run=run,
     description="FSLoRA vs FedLoRA vs HetLoRA: accuracy against uploaded bytes, sketch-ratio sweep",
+    results=("accuracy.<run>", "test_loss.<run>", "upload_bytes.<run>", "final_train_loss.<run>", "bytes_ratio.<run>?",
+             "fslora_minus_fedlora_points?", "client_sizes_min_max"),
     paper="fslora", claims=(
         Claim("bytes", "FSLoRA is within 1 point of FedLoRA's accuracy with at most 60% of its uploaded bytes",
               "FedLoRA's accuracy at a fraction of its communication",

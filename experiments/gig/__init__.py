@@ -1,4 +1,4 @@
-"""GiG planning (Graph-in-Graph; papers/DIGEST.md "gig", no public code) on the kitchen and on TextWorld.
+"""GiG planning (Graph-in-Graph; experiments/gig/README.md, no public code) on the kitchen and on TextWorld.
 
 The inner graphs are scene graphs (`experiments.gig.cooking`'s kitchen; `experiments.gig.textworld`'s facts), embedded
 by `jaxlab.models.gnn`'s GAT into unit vectors; the outer graph is the experience memory of solved traces
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import Literal
 
 import jax
 import numpy as np
@@ -33,14 +34,18 @@ from experiments.gig.planner import (THRESHOLD, LoopDetector, Memory, Option, Pl
 from experiments.runner.claims import Check, Claim
 from experiments.gig import cooking
 from experiments.gig import textworld
+from jaxlab import choices
 from jaxlab.models import gnn
 
 __all__ = ["LABELS", "METHODS", "THRESHOLD", "ChoiceLLM", "Config", "Kitchen", "LikelihoodLLM", "LoopDetector",
            "Memory", "Option",
            "Planner", "Retrieval", "TextGame", "dead_end", "decision_prompt", "lookahead", "play_agent", "run",
            "shortest_plan", "state_key"]
-ENVS = ("cooking_sync", "cooking_async", "textworld")
+Env = Literal["cooking_sync", "cooking_async", "textworld"]
+ENVS = choices.values(Env)
 CHOOSERS = {"letter": ChoiceLLM, "likelihood": LikelihoodLLM}
+Chooser = Literal["letter", "likelihood"]
+choices.same(CHOOSERS, Chooser)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -52,7 +57,7 @@ class Config:
   `experiments.gig.textworld.make_game`) are generated into `tw_games` (default: the run directory's
   textworld_games/)."""
   recipes: tuple[str, ...] = ("burger", "cheese_sandwich", "onion_soup")
-  mode: str = "sync"
+  mode: cooking.Mode = "sync"
   train_problems: int = 6
   test_problems: int = 3
   distractors: int = 0
@@ -66,8 +71,8 @@ class Config:
   depth: int = 2
   max_steps: int = 40
   llm: str = "smollm2-135m-instruct"
-  llm_envs: tuple[str, ...] = ENVS
-  chooser: str = "letter"
+  llm_envs: tuple[Env, ...] = ENVS
+  chooser: Chooser = "letter"
   llm_problems: int = 6
   llm_max_steps: int = 30
   tw_games: str = ""
@@ -344,6 +349,10 @@ registry.register(registry.Experiment(
     name="gig", config_cls=Config, presets=PRESETS, run=run, requires=_requires,
     description="GiG on the kitchen (sync, async) and TextWorld: GAT trace memory, loop guard and symbolic "
                 "lookahead under an LLM planner (SmolLM2), against the LLM alone, LLM + lookahead and a planner",
+    results=("triplet_acc.init", "triplet_acc.trained", "heldout_triplet_loss.init", "heldout_triplet_loss.trained",
+             "loss.first", "loss.last", "success.<split>.<planner>", "steps.<split>.<planner>", "memory_share.<split>",
+             "plan_length.mean", "pass1.<env>.<method>?", "calls.<env>.<method>?", "tokens.<env>.<method>?",
+             "memory_share.<env>?", "textworld.gat_loss.first?", "textworld.gat_loss.last?"),
     paper="gig", claims=(
         Claim("embed", "training lowers the triplet loss on held-out traces (next state nearer than other traces' "
               "states by the margin)", "triplet + uniformity training gives trace-aware state embeddings",

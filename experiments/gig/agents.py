@@ -1,4 +1,4 @@
-"""GiG's LLM agents (papers/DIGEST.md "gig"): an LLM planner choosing among lettered valid actions, the worlds it
+"""GiG's LLM agents (experiments/gig/README.md): an LLM planner choosing among lettered valid actions, the worlds it
 plays (the kitchen of `experiments.gig.cooking`, TextWorld cooking games of `experiments.gig.textworld`) and one episode
 of each method: the LLM alone, the LLM over the lookahead's allowed actions, and GiG (memory retrieval, loop
 guard, lookahead, then the LLM).

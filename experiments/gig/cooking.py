@@ -1,4 +1,4 @@
-"""A Robotouille-like kitchen for GiG planning (papers/DIGEST.md "gig"): stations, ingredients, a pot, recipes.
+"""A Robotouille-like kitchen for GiG planning (experiments/gig/README.md): stations, ingredients, a pot, recipes.
 
 A robot moves between stations (stoves, cutting boards, tables, a sink), picks up and places items, stacks them,
 cuts vegetables on a board, cooks patties on a stove, fills the pot at the sink, boils it on a stove and adds
@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jraph
 import numpy as np
 
+from jaxlab import choices
 from jaxlab.envs.base import Turn
 
 STATION_KINDS = ("stove", "board", "table", "sink")
@@ -33,7 +34,8 @@ ITEM_KINDS = ("bottombun", "topbun", "bread", "patty", "lettuce", "tomato", "che
 CUTTABLE = frozenset({"lettuce", "tomato", "onion", "potato"})
 COOKABLE = frozenset({"patty"})
 SOUP_INGREDIENTS = frozenset({"onion", "potato", "tomato"})
-MODES = ("sync", "async")
+Mode = Literal["sync", "async"]
+MODES = choices.values(Mode)
 
 # A stack recipe lists (kind, required state) from the bottom up; a soup recipe lists its ingredients.
 RECIPES = {

@@ -1,4 +1,4 @@
-"""GiG's planner pieces (papers/DIGEST.md "gig"): the experience memory (the outer graph), loop warnings, the
+"""GiG's planner pieces (experiments/gig/README.md): the experience memory (the outer graph), loop warnings, the
 kitchen's bounded symbolic lookahead, the planner that needs no LLM, and the breadth-first upper bound.
 
 The outer graph has one node per state embedding of a solved trace, linked to the next state by the action taken.

@@ -66,7 +66,7 @@ class Config:
   n_eval_scenes: int = 8
   index_texts: int = 100
   max_contexts: int = 20
-  index_dtype: str = "bfloat16"
+  index_dtype: lenses.StorageDType = "bfloat16"
   index_layers: tuple[int, ...] | None = None  # None: every hidden state, 0 .. L
   top_k: int = 5
   eval_batch: int = 8
@@ -93,8 +93,9 @@ PRESETS = {
     "smoke": Config(),
     "cpu": Config(train=pipe.TRAIN_PRESETS["cpu"], n_eval_scenes=128, index_texts=3000, max_contexts=50,
                   eval_batch=32),
-    "full": Config(vlm_path="REQUIRED: --set vlm_path=DIR", images_path="REQUIRED: --set images_path=DIR",
-                   corpus_path="REQUIRED: --set corpus_path=FILE", n_eval_scenes=100, index_texts=1_000_000,
+    "full": Config(vlm_path=registry.Required("--set vlm_path=DIR"),
+                   images_path=registry.Required("--set images_path=DIR"),
+                   corpus_path=registry.Required("--set corpus_path=FILE"), n_eval_scenes=100, index_texts=1_000_000,
                    max_contexts=20, index_dtype="float8_e4m3fn", eval_batch=8),
 }
 
@@ -199,7 +200,7 @@ def judge_layers(ids: dict, vocab: Sequence[str], images, grid: int, judge: judg
 def _full_inputs(cfg: Config, art: pipe.Artifacts):
   from PIL import Image
   for name in ("images_path", "corpus_path"):
-    if not getattr(cfg, name) or getattr(cfg, name).startswith("REQUIRED") or not os.path.exists(getattr(cfg, name)):
+    if not getattr(cfg, name) or not os.path.exists(getattr(cfg, name)):
       raise ValueError(f"the full preset needs {name}: an existing path, found {getattr(cfg, name)!r}")
   exts = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
   files = sorted(f for f in os.listdir(cfg.images_path) if f.lower().endswith(exts))[:cfg.n_eval_scenes]
@@ -378,6 +379,14 @@ registry.register(registry.Experiment(
     name="latentlens", config_cls=Config, presets=PRESETS, run=run,
     description="LatentLens vs LogitLens/EmbeddingLens on a connector-trained VLM, judged per layer",
     resume_may_change=("eval_batch", "judge"), seed_key=("seed", "train.seed"),
+    results=("interpretable.<lens>.layer<l>", "interpretable.<lens>.mean", "latentlens_over_logitlens",
+             "latentlens_above_logitlens_every_layer", "visual_token_norm.layer<l>", "text_embedding_norm",
+             "index_layers", "index_rows", "visual_tokens",
+             # the cpu pipeline's scenes only: captioning, training losses, object patches, chance
+             "caption_attribute_accuracy?", "caption_accuracy.<attribute>?", "final_loss.<stage>?",
+             "interpretable.random.mean?", "interpretable_object.<lens>.mean?", "interpretable_object.<lens>.layer<l>?",
+             "interpretable_background.<lens>.mean?", "interpretable_specific.<lens>.mean?",
+             "interpretable_specific.<lens>.layer<l>?", "object_patch_share?", "interpretable_top1.<lens>.mean?"),
     paper="latentlens", claims=(
         Claim("beats_logitlens", "LatentLens describes more visual tokens interpretably than LogitLens",
               "68% vs 24% (mean over models)", "{interpretable.latentlens.mean} > {interpretable.logitlens.mean}"),

@@ -72,7 +72,8 @@ class Config:
 PRESETS = {
     "smoke": Config(),
     "cpu": Config(source="latentlens", train=pipe.TRAIN_PRESETS["cpu"], n_eval_scenes=128, eval_batch=32),
-    "full": Config(vlm_path="REQUIRED: --set vlm_path=DIR", captions_path="REQUIRED: --set captions_path=FILE",
+    "full": Config(vlm_path=registry.Required("--set vlm_path=DIR"),
+                   captions_path=registry.Required("--set captions_path=FILE"),
                    n_eval_scenes=256, eval_batch=8),
 }
 
@@ -248,6 +249,9 @@ registry.register(registry.Experiment(
     name="lost_in_attention", config_cls=Config, presets=PRESETS, run=run,
     description="RID / MixIG of attention vs FFN updates in the VLM's LM, accuracy under attention interventions",
     resume_may_change=("eval_batch", "source"), seed_key=("seed", "train.seed"),
+    results=("vlm", "rid.<module>", "mixig.<module>", "delta_s.<module>", "delta_d.<module>", "rid.<module>.layer<l>",
+             "mixig.<module>.layer<l>", "accuracy.<intervention>", "accuracy.<intervention>.layer<l>?",
+             "scored_tokens"),
     paper="lost_in_attention", claims=(
         Claim("rid", "attention updates change the residual stream's geometry less than FFN updates (RID)",
               "RID attention 0.06 vs FFN 0.21", "{rid.attention} < {rid.ffn}"),

@@ -1,6 +1,6 @@
 """Geometry and entropy of residual updates, and the attention interventions, after the "lost in attention"
 study of residual updates in LVLMs (ICML 2026; no arXiv id or public code known: formulas as in
-papers/DIGEST.md, short name lost_in_attention).
+experiments/lost_in_attention/README.md, short name lost_in_attention).
 
 For a module update X' = X + dX (X: S tokens x H dims):
   eRank(X) = exp(entropy of p), p = sigma / sum(sigma) over the singular values above the rank tolerance

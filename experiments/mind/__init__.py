@@ -97,9 +97,10 @@ PRESETS = {
     "cpu": Config(source="latentlens", train=pipe.TRAIN_PRESETS["cpu"], n_train_scenes=2000, n_test_scenes=150,
                   phase1_steps=400, phase2_steps=300, questions_per_step=4, lr=1e-3, warmup=20, eval_batch=50,
                   log_every=25),
-    "full": Config(vlm_path="REQUIRED: --set vlm_path=DIR", train_path="REQUIRED: --set train_path=FILE",
-                   test_path="REQUIRED: --set test_path=FILE", phase1_steps=2000, phase2_steps=1000,
-                   questions_per_step=8, lr=8e-5, warmup=100, seq_len=1024, eval_batch=8),
+    "full": Config(vlm_path=registry.Required("--set vlm_path=DIR"),
+                   train_path=registry.Required("--set train_path=FILE: RAD JSON lines"),
+                   test_path=registry.Required("--set test_path=FILE: RAD JSON lines"), phase1_steps=2000,
+                   phase2_steps=1000, questions_per_step=8, lr=8e-5, warmup=100, seq_len=1024, eval_batch=8),
 }
 
 
@@ -235,7 +236,13 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 registry.register(registry.Experiment(
     name="mind", config_cls=Config, presets=PRESETS, run=run,
     description="MIND: multi-rationale P2CL + MCA on the scene VLM vs answer-only / single-rationale SFT",
-    resume_may_change=("eval_batch", "source"), seed_key="seed", paper="mind", claims=(
+    resume_may_change=("eval_batch", "source"), seed_key="seed",
+    results=("vlm", "train.questions", "test.questions", "accuracy.<method>", "accuracy.<method>.phase1",
+             "verdict_wrong_share.mind", "mca_ablation.accuracy", "correction_rate.mind",
+             "verdict_wrong_share.mind.given_negative", "correction_rate.mind.<flaw>?", "steps",
+             # the misleading-cue split: where every test answer is a number, yes or no (the scenes always)
+             "accuracy_misleading.<method>?", "verdict_wrong_share_misleading.mind?"),
+    paper="mind", claims=(
         Claim("accuracy", "MIND answers more questions right than single-rationale SFT at equal steps",
               "MIND above single-rationale reasoning baselines on ScienceQA, A-OKVQA and M3CoT (main tables)",
               "{accuracy.mind} > {accuracy.sft_rationale}"),

@@ -55,7 +55,7 @@ def load_jsonl(path: str | None, cfg: vlm.Config) -> Split:
   """A RAD JSON-lines file: rows {"image", "question", "answer", "positives": [str], "negatives": [{"text",
   "flaw"}], "hint"?} with images relative to the file."""
   from PIL import Image
-  if not path or path.startswith("REQUIRED") or not os.path.isfile(path):
+  if not path or not os.path.isfile(path):
     raise ValueError(f"the full preset needs an existing RAD JSON-lines file, found {path!r}")
   with open(path) as f:
     rows = [json.loads(line) for line in f if line.strip()]

@@ -17,13 +17,15 @@ at evaluation with cues it is always wrong.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
+from jaxlab import choices
 from jaxlab.data.tasks import scenes as scenes_lib
 
-KINDS = ("count", "relation", "compare")
+Kind = Literal["count", "relation", "compare"]
+KINDS = choices.values(Kind)
 FLAWS = ("wrong_count", "wrong_attribute", "wrong_relation", "skipped_step")
 NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 RELATIONS = {"left": ("left", "of"), "right": ("right", "of"), "above": ("above",), "below": ("below",)}
@@ -63,7 +65,7 @@ class Question(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class RadConfig:
-  kinds: tuple[str, ...] = KINDS
+  kinds: tuple[Kind, ...] = KINDS
   max_positives: int = 3
 
   def __post_init__(self):

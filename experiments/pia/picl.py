@@ -68,15 +68,22 @@ def _gather(logits_BTV, index_BN):
   return jnp.take_along_axis(logits_BTV, index_BN[..., None].astype(jnp.int32), axis=1)
 
 
-def picl_terms_fn(cfg: tfm.Config, *, beta: float = 0.1, alpha: float = 0.1, lam: float = 1.0, top_k: int = 100,
-                  max_kl: float = 100.0, forward_fn=None):
-  """`(params, batch) -> (loss_sum, weight, stats)` of PICL; stats: dpo, sft (alpha-weighted row means), pic (raw
-  KL mean), pic_rows, reward_margin, reward_accuracy."""
+STATS = ("dpo", "pic", "pic_rows", "reward_accuracy", "reward_margin", "sft")  # the aux of `picl_loss_fn`
+
+
+def picl_loss_fn(cfg: tfm.Config, *, beta: float = 0.1, alpha: float = 0.1, lam: float = 1.0, top_k: int = 100,
+                 max_kl: float = 100.0, forward_fn=None) -> losses.LossFn:
+  """PICL as a `jaxlab.losses.LossFn`: (summed row losses + lambda * PIC * rows, rows, stats); stats: dpo, sft
+  (alpha-weighted row means), pic (raw KL mean), pic_rows, reward_margin, reward_accuracy.
+
+  With lam=0 it is DPO on the pairs plus alpha times the SFT rows' token-mean NLL, averaged over all rows.
+  """
   if beta <= 0:
     raise ValueError(f"beta must be positive, found {beta}")
   fwd = forward_fn or tfm.forward
 
-  def terms(params, batch):
+  def loss_fn(params, batch, rng):
+    del rng
     p = batch["chosen_inputs"].shape[0]
     parts = [batch["chosen_inputs"], batch["rejected_inputs"]]
     targets = [batch["chosen_targets"], batch["rejected_targets"]]
@@ -107,20 +114,6 @@ def picl_terms_fn(cfg: tfm.Config, *, beta: float = 0.1, alpha: float = 0.1, lam
              "pic": jax.lax.stop_gradient(pic), "pic_rows": n_pic, "reward_margin": jnp.mean(h),
              "reward_accuracy": jnp.mean((h > 0).astype(jnp.float32))}
     return loss_sum, rows, stats
-  return terms
-
-
-def picl_loss_fn(cfg: tfm.Config, **kw) -> losses.LossFn:
-  """PICL as a `jaxlab.losses.LossFn`: (summed row losses + lambda * PIC * rows, rows); args as `picl_terms_fn`.
-
-  With lam=0 it is DPO on the pairs plus alpha times the SFT rows' token-mean NLL, averaged over all rows.
-  """
-  terms = picl_terms_fn(cfg, **kw)
-
-  def loss_fn(params, batch, rng):
-    del rng
-    loss_sum, weight, _ = terms(params, batch)
-    return loss_sum, weight
   return loss_fn
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ import optax
 from experiments import registry
 from experiments._shared.chat_models import chat_ids, load_chat_model
 from experiments.runner.claims import Claim
+from jaxlab import choices as choices_lib
 from jaxlab import hf
 from jaxlab.data.tasks import arithmetic, reasoning
 from jaxlab.models import encoder
@@ -46,8 +48,10 @@ from jaxlab.models import programs
 from jaxlab.models import registry as real_models
 from jaxlab.models import transformer as tfm
 from jaxlab.nn import layers
+from jaxlab.train import state as state_lib, step as step_lib
 
-SCORINGS = ("choices", "vocab")
+Scoring = Literal["choices", "vocab"]
+SCORINGS = choices_lib.values(Scoring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +65,7 @@ class Config:
   train_questions: int = 48
   test_questions: int = 32
   ood_questions: int = 24
-  scoring: str = "choices"
+  scoring: Scoring = "choices"
   max_pack: int = 4
   edit_sizes: tuple[int, ...] = (1, 2, 4)
   stride: int = 2
@@ -104,7 +108,7 @@ PRESETS = {
     # ~1,250 program runs of SmolLM2 at 60-95 prompt tokens (1.4 s each on 2 busy cores, less on idle ones):
     # 48 questions x 12 in the search, 56 held-out x <= 12 in the evaluation
     "cpu": Config(),
-    "full": Config(model="REQUIRED: a .gguf file or transformers directory (--set model=PATH)",
+    "full": Config(model=registry.Required("--set model=PATH: a .gguf file or transformers directory"),
                    train_questions=1250, test_questions=250, ood_questions=250, stride=1, beam=4, depth=3,
                    candidates=0, program_batch=64, epochs=30),
 }
@@ -268,15 +272,15 @@ def embed_questions(params, ecfg, etok, texts, t_max: int = 128):
 
 def train_predictor(pcfg: pp.Config, feats, mask, boundary, ops, weights, cfg: Config):
   """AdamW on the weighted loss; returns (params, per-epoch mean losses)."""
-  params = jax.jit(pp.init, static_argnums=0)(pcfg, jax.random.key(cfg.seed))
-  opt = optax.adamw(cfg.learning_rate)
-  state = jax.jit(opt.init)(params)
+  tx = optax.adamw(cfg.learning_rate)
 
-  @jax.jit
-  def step(params, state, f, m, b, o, w):
-    val, g = jax.value_and_grad(pp.loss)(params, f, m, b, o, w, pcfg)
-    upd, state = opt.update(g, state, params)
-    return optax.apply_updates(params, upd), state, val
+  def loss_fn(params, batch, rng):  # already a (weighted) mean: weight 1
+    del rng
+    value = pp.loss(params, batch["feats"], batch["mask"], batch["boundary"], batch["ops"], batch["weights"], pcfg)
+    return value, 1.0, {}
+
+  step = step_lib.jit_train_step(step_lib.make_train_step(loss_fn, tx))
+  state = state_lib.create(jax.jit(pp.init, static_argnums=0)(pcfg, jax.random.key(cfg.seed)), tx)
 
   rng, n, losses = np.random.default_rng(cfg.seed), len(feats), []
   bs = min(cfg.batch_size, n)
@@ -284,10 +288,11 @@ def train_predictor(pcfg: pp.Config, feats, mask, boundary, ops, weights, cfg: C
     perm, total = rng.permutation(n), []
     for s in range(0, n - bs + 1, bs):
       i = perm[s:s + bs]
-      params, state, val = step(params, state, feats[i], mask[i], boundary[i], ops[i], weights[i])
-      total.append(float(val))
+      state, m = step(state, {"feats": feats[i], "mask": mask[i], "boundary": boundary[i], "ops": ops[i],
+                              "weights": weights[i]})
+      total.append(float(m["loss"]))
     losses.append(float(np.mean(total)))
-  return params, losses
+  return state.params, losses
 
 
 def top_programs(params, pcfg: pp.Config, feats, mask, cfg: Config) -> list[list[list[int]]]:
@@ -421,6 +426,10 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 registry.register(registry.Experiment(
     name="polar", config_cls=Config, presets=PRESETS, run=run,
     description="PoLar: program-of-layers search on SmolLM2 and a MiniLM-conditioned program predictor",
+    results=("search.shorter_correct_rate", "search.corrected_rate", "search.programs_per_question", "train.examples",
+             "predictor.loss_first", "predictor.loss_last", "acc.full_forward", "acc.predictor_top1", "pass5.predictor",
+             "layers.full", "layers.predictor_top1", "top1_is_full_rate", "pass5.full_plus_random_edits?", "lm_calls",
+             "ood.<figure>?"),
     paper="polar", claims=(
         Claim("pass5", "the predictor's top-5 programs answer more questions than the full forward",
               "pass@5 above the base model's accuracy", "{pass5.predictor} > {acc.full_forward}",

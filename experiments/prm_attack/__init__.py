@@ -55,7 +55,7 @@ from jaxlab.hf import reward as hf_reward
 from jaxlab.models import heads
 from jaxlab.rl import GRPOConfig, PromptCycle
 from experiments.prm_attack import reward_attack
-from jaxlab.train import rl_loop, state as state_lib
+from jaxlab.train import rl_loop, state as state_lib, step as step_lib
 
 STYLE = ("rephrase", "format", "filler", "numbering")
 LOGIC = ("wrong_result", "swapped_operands", "dropped_step", "question_swap", "wrong_final")
@@ -111,7 +111,7 @@ PRESETS = {
                     policy=adapters.Setup(steps=3, train_examples=16, test_examples=8, max_new_tokens=32, seq_len=128)),
     "cpu": Config(),
     "full": Config(model="", train_problems=0,
-                   prm_path="REQUIRED: --set prm_path=DIR (a Qwen2.5-Math-PRM / Skywork-PRM checkpoint)",
+                   prm_path=registry.Required("--set prm_path=DIR: a Qwen2.5-Math-PRM / Skywork-PRM checkpoint"),
                    test_problems=500, attack_tokens=20, attack_steps=1000, attack_rows=32, rl_iterations=0),
 }
 
@@ -188,8 +188,6 @@ class PRM:
 
   def __init__(self, cfg: Config):
     if cfg.prm_path is not None:
-      if cfg.prm_path.startswith("REQUIRED"):
-        raise ValueError(f"this preset needs a PRM checkpoint: {cfg.prm_path}")
       self.lm_cfg, self.lm, self.head_cfg, self.head = hf_reward.load(cfg.prm_path)
       self.tok = tokenizers.load(cfg.model or cfg.prm_path)
     else:
@@ -227,23 +225,22 @@ class PRM:
     toks, mask, steps, lab = arrays(rows, labels)
     h = self.hidden(toks, mask, cfg.batch)
     tx = optax.adam(cfg.head_lr)
-    opt = tx.init(self.head)
 
-    @jax.jit
-    def step(head, opt, hb, lb, sb):
-      def loss(p):
-        s, w = losses.prm_step_loss(heads.logits(p, self.head_cfg, hb), lb, sb)
-        return s / jnp.maximum(w, 1.0)
-      val, g = jax.value_and_grad(loss)(head)
-      upd, opt = tx.update(g, opt, head)
-      return optax.apply_updates(head, upd), opt, val
+    def loss_fn(head, batch, rng):  # the mean over steps, weight 1
+      del rng
+      s, w = losses.prm_step_loss(heads.logits(head, self.head_cfg, batch["h"]), batch["labels"], batch["steps"])
+      return s / jnp.maximum(w, 1.0), 1.0, {}
 
+    step = step_lib.jit_train_step(step_lib.make_train_step(loss_fn, tx))
+    state = state_lib.create(self.head, tx)
     rng = np.random.default_rng(cfg.seed + 1)
     curve = []
     for _ in range(cfg.head_steps):
       idx = rng.choice(len(rows), size=min(cfg.batch, len(rows)), replace=False)
-      self.head, opt, val = step(self.head, opt, jnp.asarray(h[idx]), jnp.asarray(lab[idx]), jnp.asarray(steps[idx]))
-      curve.append(float(val))
+      state, m = step(state, {"h": jnp.asarray(h[idx]), "labels": jnp.asarray(lab[idx]),
+                              "steps": jnp.asarray(steps[idx])})
+      curve.append(float(m["loss"]))
+    self.head = state.params
     return curve
 
 
@@ -393,6 +390,13 @@ def reward_hacking(cfg: Config, prm: PRM, out_dir: str) -> dict:
 registry.register(registry.Experiment(
     name="prm_attack", config_cls=Config, presets=PRESETS, run=run,
     description="style vs logic perturbations and a Gumbel-softmax gradient attack on a step PRM (SmolLM2 base)",
+    results=("prm.loss_first?", "prm.loss_last?", "prm.step_accuracy", "prm.solution_accuracy", "delta_reward.<kind>",
+             "count.<kind>", "detection.<kind>", "logic_detection_rate", "style_delta_mean", "attack.position",
+             "attack.reward_before", "attack.reward_after", "attack.discrete_reward_after", "attack.separator_only",
+             "attack.transfer_before", "attack.transfer_after", "attack.tokens",
+             # GRPO against the PRM, where rl_iterations > 0
+             "rl.prm_reward_start?", "rl.prm_reward_end?", "rl.accuracy_start?", "rl.accuracy_end?",
+             "rl.neutral_reward_start?", "rl.neutral_reward_end?", "rl.style_share?", "rl.train_reward?"),
     paper="prm_attack", claims=(
         Claim("attack", "the gradient attack raises the mean PRM reward of wrong solutions by >= 0.3",
               ">= 0.3 reward gain on wrong solutions",

@@ -16,30 +16,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxlab import choices
 from jaxlab.models import heads, transformer as tfm
 
-POSITIONS = ("end", "middle")
-SCHEDULES = ("cosine", "linear", "exponential", "constant")
+Position = Literal["end", "middle"]
+POSITIONS = choices.values(Position)
+Schedule = Literal["cosine", "linear", "exponential", "constant"]
+SCHEDULES = choices.values(Schedule)
 _ORIG, _ADV, _SEP, _PAD = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   n_tokens: int = 1
-  position: str = "end"
+  position: Position = "end"
   steps: int = 1000
   lr: float = 0.1
   tau: float = 1.0
   entropy_start: float = 1e-4
   entropy_end: float = 0.1
-  schedule: str = "cosine"
+  schedule: Schedule = "cosine"
   seed: int = 0
 
   def __post_init__(self):

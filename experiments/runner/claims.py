@@ -26,7 +26,7 @@ import re
 
 import numpy as np
 
-# The nineteen papers, in the order of papers/DIGEST.md: short name -> title.
+# The nineteen papers: short name -> title.
 PAPERS = {
     "scale": "SCALE: column-normalized SGD with last-layer momentum",
     "cdka": "Component Designed Kronecker Adapters",

@@ -1,5 +1,5 @@
 """`--set key=value` overrides of frozen config dataclasses: typed parsing, dotted keys for nested configs,
-validation with every override applied at once."""
+validation with every override applied at once; `Required`, a preset's placeholder for a value the user must give."""
 from __future__ import annotations
 
 import ast
@@ -9,12 +9,48 @@ import types
 import typing
 from typing import Any
 
+from jaxlab import choices
+
 
 class OverrideError(ValueError):
   """A `--set key=value` that names no config field or does not parse as the field's type."""
 
 
+class Required(str):
+  """A preset's placeholder for a value only the user can give (a checkpoint, a dataset path), saying how to give
+  it: `Required("--set model=PATH: a .gguf file or transformers directory")`.
+
+  A str (its text), so a config holding one still validates and serializes; `unset_required(cfg)` finds them, and
+  the runner refuses to start while one is left (`registry.config_for`).
+  """
+  __slots__ = ()
+
+  def __repr__(self) -> str:
+    return f"Required({str.__repr__(self)})"
+
+
+def unset_required(cfg, prefix: str = "") -> list[tuple[str, Required]]:
+  """(dotted field name, placeholder) of every field of `cfg` (nested configs included) still holding a Required."""
+  out = []
+  for f in dataclasses.fields(cfg):
+    v = getattr(cfg, f.name, None)
+    if isinstance(v, Required):
+      out.append((f"{prefix}{f.name}", v))
+    elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+      out += unset_required(v, f"{prefix}{f.name}.")
+  return out
+
+
 def type_name(tp) -> str:
+  """A field type as `--help` shows it; a Literal as its values joined by "|" ("adamw|sgd")."""
+  origin, args = typing.get_origin(tp), typing.get_args(tp)
+  if origin is typing.Literal:
+    return "|".join(map(str, args))
+  if any(typing.get_origin(a) is typing.Literal for a in args):
+    if origin in (typing.Union, types.UnionType):
+      return "|".join("None" if a is type(None) else type_name(a) for a in args)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+      return f"tuple[{type_name(args[0])}, ...]"
   return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -29,17 +65,18 @@ def _parse(text: str, tp, key: str):
   if origin in (typing.Union, types.UnionType):
     if type(None) in args and text.strip().lower() in ("none", "null"):
       return None
+    first = None
     for a in (a for a in args if a is not type(None)):
       try:
         return _parse(text, a, key)
-      except OverrideError:
-        continue
-    raise bad
+      except OverrideError as e:
+        first = first or (e if typing.get_origin(a) is typing.Literal else None)
+    raise first or bad
   if origin is typing.Literal:
     for a in args:
       if str(a) == text:
         return a
-    raise OverrideError(f"--set {key}={text!r}: expected one of {list(args)}")
+    raise OverrideError(choices.message(key, args, text))
   if tp is bool:
     low = text.strip().lower()
     if low in ("true", "1", "yes", "on"):
@@ -87,7 +124,7 @@ def _replace_all(cfg, changes: dict, prefix: str = ""):
   if not dataclasses.is_dataclass(cfg):
     raise OverrideError(f"--set {prefix}{next(iter(changes))}: {prefix.rstrip('.')} is not a nested config")
   fields = {f.name for f in dataclasses.fields(cfg) if f.init}
-  hints = typing.get_type_hints(type(cfg))
+  hints = choices.hints(type(cfg))
   values = {}
   for name, change in changes.items():
     if name not in fields:

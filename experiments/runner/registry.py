@@ -11,29 +11,37 @@ config.json and results.json both record the code's `git_commit` and `git_dirty`
 a paper names it (`paper=`, a short name of `claims.PAPERS`) and declares the paper's claims (`claims=`), its
 harness self-checks apart from them (`checks=`, `claims.Check`s), and what it needs from outside pip's resolver
 (`requires=`, names of `jaxlab.errors.APT` / `NO_DEPS`), which `run_experiment` checks before the experiment
-starts. Benchmarks register with `register_bench(name, fn)`, `fn(argv) -> dict`.
+starts, and the results keys it writes (`results=`), which every claim and check must read from and every finished
+run must match.
+
+Before anything runs, `config_for` builds the run's config: the preset with its `--set` overrides, every
+`typing.Literal` field one of its values (`jaxlab.choices`), no `Required` placeholder left unset. Benchmarks
+register with `register_bench(name, fn)`, `fn(argv) -> dict`.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import importlib
 import json
 import os
 import pkgutil
+import re
 import sys
 import time
 from typing import Any, Callable
 
 from experiments.runner import provenance
 from experiments.runner.claims import PAPERS, Check, Claim
-from experiments.runner.overrides import OverrideError, apply_overrides, config_dict, flatten  # noqa: F401
+from experiments.runner.overrides import (OverrideError, Required, apply_overrides, config_dict,  # noqa: F401
+                                          flatten, unset_required)
 from experiments.runner.plots import plot_curves  # noqa: F401
 from experiments.runner.report import (describe_config, plots_in, read_results, results_table,  # noqa: F401
                                        write_report, write_summary)
 from experiments.runner.rundirs import (RESULT_FILES, RunDirExists, discard_failed_start, has_results,  # noqa: F401
                                         resolve_run_dir)
-from jaxlab import errors
+from jaxlab import choices, errors
 
 PRESETS = ("smoke", "cpu", "full")
 PER_ITEM, ITEMS_FILE = "per_item", "items.json"
@@ -60,6 +68,11 @@ class Experiment:
     requires: the tools and no-deps wheels a run needs (keys of `jaxlab.errors.APT` / `NO_DEPS`: "bwrap",
       "espeak-ng", "wordnet", "textworld", ...), or `cfg -> such names` when that depends on the config; checked
       before the run starts (MissingDependency), so a missing one costs no computation.
+    results: the keys of the results `run` returns (flattened; the runner's own `RUNNER_KEYS` apart): exact keys,
+      or patterns in which `<name>` stands for any non-empty text (`val_loss.<opt>`); a trailing "?" marks keys a
+      run may leave out (those only some presets or configs write). A finished run must write exactly these (an
+      undeclared key, or no key of a pattern without "?", fails it: `ResultsMismatch`), and every claim and check
+      may read only declared keys. None: not declared, only for an experiment without claims and checks.
   """
   name: str
   config_cls: type
@@ -72,6 +85,7 @@ class Experiment:
   checks: tuple[Check, ...] = ()
   seed_key: str | tuple[str, ...] | None = "seed"
   requires: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
+  results: tuple[str, ...] | None = None
 
   def __post_init__(self):
     if self.paper is not None and self.paper not in PAPERS:
@@ -98,7 +112,40 @@ class Experiment:
       if not isinstance(c, self.config_cls):
         raise TypeError(f"experiment {self.name!r}: preset {p!r} is a {type(c).__name__}, expected "
                         f"{self.config_cls.__name__}")
+      choices.check(c, functools.partial(_fail, ValueError, f"experiment {self.name!r}: preset {p!r}: "))
       self.requirements(c)
+    self._check_results_declared()
+
+  def _check_results_declared(self) -> None:
+    if self.results is None:
+      if self.claims or self.checks:
+        raise ValueError(f"experiment {self.name!r}: declare the results keys it writes (results=...); its claims "
+                         "and checks read them")
+      return
+    if isinstance(self.results, str) or not all(isinstance(k, str) and k.rstrip("?") for k in self.results):
+      raise TypeError(f"experiment {self.name!r}: results= takes a tuple of key patterns, found {self.results!r}")
+    object.__setattr__(self, "results", tuple(self.results))
+    undeclared = [f"{c.id}: {k}" for c in self.claims + self.checks for k in c.all_keys if not self.declares(k)]
+    if undeclared:
+      raise ValueError(f"experiment {self.name!r}: claims and checks read results keys it does not declare "
+                       f"({'; '.join(undeclared)}); declared: {list(self.results)}")
+
+  def declares(self, key: str) -> bool:
+    """Whether `key` is one of the declared results keys (or matches a pattern of them)."""
+    return any(_key_regex(p).fullmatch(key) for p in self.results or ())
+
+  def check_results(self, results: dict) -> None:
+    """Raises ResultsMismatch unless `results`' keys (runner keys apart) are exactly the declared ones: none
+    undeclared, and a key for every declared pattern not marked optional. Nothing to check without `results=`."""
+    if self.results is None:
+      return
+    keys = [k for k in results if k not in RUNNER_KEYS]
+    undeclared = [k for k in keys if not self.declares(k)]
+    missing = [p for p in self.results if not p.endswith("?") and not any(_key_regex(p).fullmatch(k) for k in keys)]
+    if undeclared or missing:
+      raise ResultsMismatch(f"{self.name}: the run's results keys differ from its declared results=: "
+                            + "; ".join(([f"undeclared {undeclared}"] if undeclared else [])
+                                        + ([f"missing {missing}"] if missing else [])))
 
   def requirements(self, cfg) -> tuple[str, ...]:
     """The names `requires` gives for `cfg` (a ValueError for one that `jaxlab.errors` does not know)."""
@@ -113,6 +160,21 @@ class Experiment:
     """Raises jaxlab.errors.MissingDependency for the first requirement at `cfg` that is not installed."""
     for name in self.requirements(cfg):
       errors.require(name, f"{self.name}'s {errors.APT[name][1]}" if name in errors.APT else self.name)
+
+
+class ResultsMismatch(ValueError):
+  """A finished run's results keys differ from its experiment's declared `results=`."""
+
+
+def _fail(error: type, prefix: str, message: str):
+  raise error(prefix + message)
+
+
+@functools.lru_cache(maxsize=None)
+def _key_regex(pattern: str) -> re.Pattern:
+  """A declared results key as a regex: `<name>` stands for any non-empty text; a trailing "?" is dropped."""
+  parts = re.split(r"<[^<>]+>", pattern.removesuffix("?"))
+  return re.compile(".+".join(re.escape(p) for p in parts))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,18 +295,37 @@ def read_items(run_dir: str) -> dict[str, list[float]]:
     return {}
 
 
+def config_for(name: str, preset: str, overrides=()):
+  """The config a run of `name` at `preset` with `--set` overrides (`key=value` strings) uses, checked before
+  anything runs: the overrides parsed and applied, every `typing.Literal` field one of its values, and no
+  `Required` placeholder left (naming each with how to set it). Errors are one line (OverrideError) that starts
+  with the experiment's name."""
+  exp = get(name)
+  if preset not in exp.presets:
+    raise ValueError(f"unknown preset {preset!r} for {name}; expected one of {sorted(exp.presets)}")
+  try:
+    cfg = apply_overrides(exp.presets[preset], overrides)
+    choices.check(cfg, functools.partial(_fail, OverrideError, ""))
+  except OverrideError as e:
+    raise OverrideError(f"{name}: {e}") from None
+  unset = unset_required(cfg)
+  if unset:
+    raise OverrideError(f"{name} --preset {preset}: " + "; ".join(f"{k} is required ({how})" for k, how in unset))
+  return cfg
+
+
 def run_experiment(name: str, preset: str, overrides=(), out: str | None = None, resume: bool = False,
                    root: str = "runs") -> tuple[str, dict]:
   """Runs one experiment end to end; returns (run directory, results).
 
   A run that fails before writing anything of its own (a bad path, a config the experiment rejects at
-  start-up) leaves no trace in its run directory; one whose `requires` are not installed (MissingDependency)
-  fails before it has a run directory.
+  start-up) leaves no trace in its run directory; one whose config fails `config_for` (a bad override, a
+  `Required` value not given) or whose `requires` are not installed (MissingDependency) fails before it has a run
+  directory. A run whose results keys differ from the declared `results=` fails (ResultsMismatch) after writing
+  them, so that nothing it computed is lost.
   """
   exp = get(name)
-  if preset not in exp.presets:
-    raise ValueError(f"unknown preset {preset!r} for {name}; expected one of {sorted(exp.presets)}")
-  cfg = apply_overrides(exp.presets[preset], overrides)
+  cfg = config_for(name, preset, overrides)
   exp.check_requirements(cfg)
   out_dir = resolve_run_dir(name, out, resume, root)
   if resume:
@@ -285,4 +366,5 @@ def run_experiment(name: str, preset: str, overrides=(), out: str | None = None,
     with open(os.path.join(out_dir, "results.json"), "w") as f:
       json.dump(results, f, indent=1, default=str)
     write_summary(out_dir, name, preset, list(overrides), results)
+  exp.check_results(results)
   return out_dir, results

@@ -25,6 +25,7 @@ import functools
 import json
 import os
 import time
+from typing import Literal
 
 import jax
 import numpy as np
@@ -37,7 +38,7 @@ from experiments._shared.data import load_corpus
 from experiments._shared.records import dedupe
 from experiments._shared.recipes import byte_model, compute_dtype, optimizer, train_step as make_step
 from jaxlab import data as data_lib
-from jaxlab import losses
+from jaxlab import choices, losses
 from jaxlab import sharding as shd
 from jaxlab.models import transformer as tfm
 from jaxlab.optim import memory
@@ -48,8 +49,10 @@ from jaxlab.train import state as state_lib
 from jaxlab.train import step as step_lib
 from jaxlab.train.checkpoint import Checkpointer
 
-OPTIMIZERS = ("adamw", "sgd", "sgd_colnorm", "colnorm_momentum", "scale", "galore", "apollo", "muon")
-SIZES = ("llama-60m", "llama-130m", "llama-350m", "llama-1b", "llama-7b")
+Optimizer = Literal["adamw", "sgd", "sgd_colnorm", "colnorm_momentum", "scale", "galore", "apollo", "muon"]
+OPTIMIZERS = choices.values(Optimizer)
+Size = Literal["llama-60m", "llama-130m", "llama-350m", "llama-1b", "llama-7b"]
+SIZES = choices.values(Size)
 COLUMN_FAMILY = ("sgd", "sgd_colnorm", "colnorm_momentum", "scale")
 # SCALE scripts of the reference code: peak lr, warmup, steps, AdamW lr on vectors (adam_lr).
 PAPER_SCHEDULE = {"llama-60m": (1e-3, 1_100, 11_000, 2e-2), "llama-130m": (1e-3, 2_000, 20_000, 2e-2),
@@ -105,15 +108,15 @@ class Config:
   """scale settings. With `size` set, fields left at None (model, steps, warmup_steps, rates, rank) follow the
   paper for that LLaMA size; batch_size is global."""
   model: tfm.Config | None = None
-  size: str | None = None
-  optimizers: tuple[str, ...] = OPTIMIZERS
+  size: Size | None = None
+  optimizers: tuple[Optimizer, ...] = OPTIMIZERS
   steps: int | None = None
   warmup_steps: int | None = None
   batch_size: int = 512
   seq_len: int = 256
   microbatches: int = 1
   lr: LearningRates = LearningRates()
-  schedule: str = "cosine"
+  schedule: schedules.Schedule = "cosine"
   lr_floor: float = 0.1
   weight_decay: float = 0.0
   grad_clip: float = 0.0
@@ -129,7 +132,7 @@ class Config:
   timing_steps: int = 10  # interleaved steps per optimizer for step_time_ratio (0: skip, NaN)
   memory_sizes: tuple[str, ...] = SIZES
   mesh: str | None = None
-  strategy: str = "dp"
+  strategy: shd.Strategy = "dp"
   seed: int = 0
   renamed_keys = shared_cfg.FLAT_KEYS
 
@@ -206,7 +209,7 @@ def make_optimizer(name: str, cfg: Config, plan: Plan) -> optax.GradientTransfor
     hp = {"rank": plan.rank, "update_proj_gap": cfg.update_proj_gap, "scale": cfg.apollo_scale, "seed": cfg.seed}
   else:
     hp = {"adam_lr": sched(plan.lr["muon_adam"])}
-  return optimizer(sched(lr), name, cfg.grad_clip, weight_decay=wd, **hp)
+  return optimizer(sched(lr), name, cfg.grad_clip, axes=tfm.AXES, weight_decay=wd, **hp)
 
 
 def state_bytes_ratios(sizes) -> dict:
@@ -242,7 +245,7 @@ def fresh_state(params0, tx, seed: int, mesh, rules) -> state_lib.TrainState:
   """`state_lib.init_state`'s state from a copy of the shared initial params (the train step donates its
   state), so the model's init compiles once for all optimizers."""
   params = jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), params0)
-  return state_lib.state_from_params(params, tx, seed, mesh, rules)
+  return state_lib.state_from_params(params, tx, seed, mesh, rules, axes=tfm.AXES)
 
 
 def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_params, params0):
@@ -261,7 +264,7 @@ def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_
           else None)
   state = None
   if resume and ckpt is not None:
-    restored = ckpt.restore_latest(target=state_lib.abstract_state(init_params, tx, mesh, cfg.strategy))
+    restored = ckpt.restore_latest(target=state_lib.abstract_state(init_params, tx, mesh, cfg.strategy, axes=tfm.AXES))
     if restored is not None:
       state = state_lib.as_train_state(restored.state)
       if restored.data_state is not None:
@@ -270,7 +273,7 @@ def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_
     if os.path.exists(records_path):
       os.remove(records_path)
     state = fresh_state(params0, tx, cfg.seed, mesh, cfg.strategy)
-  train_step = make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy,
+  train_step = make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy, axes=tfm.AXES,
                          microbatches=cfg.microbatches, compute=compute_dtype(plan.model))
   summary = {"diverged_at": None}
   try:
@@ -315,9 +318,6 @@ def _write_table(path, cfg, plan, summaries, state_bytes, ratios) -> None:
 
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
-  for field, what in (("path", "a corpus path or hf:NAME"), ("tokenizer", "a tokenizer.json path")):
-    if getattr(cfg.corpus, field).startswith("REQUIRED"):
-      raise ValueError(f"this preset needs {what}: {getattr(cfg.corpus, field)}")
   tok = data_lib.load_tokenizer(cfg.corpus.tokenizer)
   plan = resolve(cfg, tok.vocab_size)
   if cfg.batch_size % jax.process_count():
@@ -338,7 +338,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     return {"val_loss": loop_lib.evaluate(eval_step, params, val_it, shard, cfg.eval.batches)}
 
   init_params = functools.partial(tfm.init, plan.model)
-  params0 = shd.sharded_init(init_params, mesh, cfg.strategy, jax.random.PRNGKey(cfg.seed))
+  params0 = shd.sharded_init(init_params, mesh, cfg.strategy, jax.random.PRNGKey(cfg.seed), axes=tfm.AXES)
   init_val = eval_fn(params0)["val_loss"]
   summaries, curves, kept = {}, {}, {}
   for name in cfg.optimizers:
@@ -369,7 +369,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
       else:  # not trained in this invocation (resumed or not selected): a fresh state, compiled here
         tx = make_optimizer(name, cfg, plan)
         state = fresh_state(params0, tx, cfg.seed, mesh, cfg.strategy)
-        pairs[name] = (make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy,
+        pairs[name] = (make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy, axes=tfm.AXES,
                                  microbatches=cfg.microbatches, compute=compute), state)
     times = median_step_times(pairs, batch, cfg.timing_steps)
     ratio = times["scale"] / times["adamw"]
@@ -401,8 +401,9 @@ PRESETS = {
                                    muon_adam=3e-3),
                   eval=shared_cfg.Eval(40, 8), log_every=20, timing_steps=30),
     "full": Config(size="llama-60m",
-                   corpus=shared_cfg.Corpus("REQUIRED: --set corpus.path=PATH (C4 JSONL/parquet dir or hf:NAME)",
-                                            "REQUIRED: --set corpus.tokenizer=PATH (T5 tokenizer.json or its dir)"),
+                   corpus=shared_cfg.Corpus(
+                       registry.Required("--set corpus.path=PATH: a C4 JSONL/parquet directory or hf:NAME"),
+                       registry.Required("--set corpus.tokenizer=PATH: the T5 tokenizer.json or its directory")),
                    eval=shared_cfg.Eval(1000, 20), log_every=50, checkpoint=shared_cfg.Checkpoint(1000),
                    strategy="fsdp", timing_steps=10),
 }
@@ -411,6 +412,9 @@ registry.register(registry.Experiment(
     name="scale", config_cls=Config, presets=PRESETS, run=run,
     description="SCALE vs AdamW, SGD rungs, GaLore, APOLLO, Muon: LLaMA pretraining at equal tokens",
     resume_may_change=("mesh", "strategy", "log_every", "timing_steps"),
+    results=("val_loss.<optimizer>", "diverged_at.<optimizer>?", "initial_val_loss", "state_bytes_ratio.<size>?",
+             "step_time_s.<optimizer>?", "step_time_ratio.scale_vs_adamw", "scale_vs_adamw_val_loss_rel?", "tokens",
+             "params"),
     paper="scale", claims=(
         Claim("matches_adamw", "SCALE reaches AdamW's validation loss (within 2%) at an equal token budget",
               "C4 ppl 30.81 vs Adam 30.05 at 60M; better than Adam from 130M",

@@ -30,6 +30,7 @@ import re
 import shutil
 import tempfile
 import time
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -39,16 +40,17 @@ import optax
 from experiments import registry
 from experiments._shared.recipes import optimizer
 from experiments.runner.claims import Claim
-from jaxlab import hf
+from jaxlab import choices, hf, losses
 from jaxlab.evals import sandbox
 from jaxlab.generate import diffusion
 from experiments.spec_dllm import speculative
 from jaxlab.models import mdm
-from jaxlab.train import metrics as metrics_lib
+from jaxlab.train import metrics as metrics_lib, state as state_lib, step as step_lib
 from jaxlab.train.checkpoint import Checkpointer
 
-METHODS = ("vanilla", "fast_dllm", "fast_dllm_dual_cache", "speculative", "speculative_exact",
-           "speculative_vanilla")
+Method = Literal["vanilla", "fast_dllm", "fast_dllm_dual_cache", "speculative", "speculative_exact",
+                 "speculative_vanilla"]
+METHODS = choices.values(Method)
 PLUS, EQ, EOS, MASK = 10, 11, 12, 15  # arithmetic vocabulary: digits 0-9, '+', '=', <eos>, [MASK] (16 ids)
 
 
@@ -76,11 +78,11 @@ class Config:
   lookahead: int = 2  # inter-block speculation: blocks drafted beyond the current one
   accept_threshold: float | None = None  # "confident" acceptance level; None = threshold
   vanilla_depth: int = 4  # speculative_vanilla: draft nodes per block (schedule steps)
-  verify_attention: str = "auto"  # kernel (Pallas) | dense | auto (kernel on GPU/TPU, dense on CPU)
+  verify_attention: speculative.Attention = "auto"  # auto: the Pallas kernel on GPU/TPU, dense on CPU
   sweep: tuple[float, ...] = ()  # extra thresholds for the accuracy-vs-NFE curves
-  methods: tuple[str, ...] = METHODS
+  methods: tuple[Method, ...] = METHODS
   model_path: str | None = None
-  benchmark: str = "arithmetic"  # arithmetic | gsm8k | humaneval
+  benchmark: Literal["arithmetic", "gsm8k", "humaneval"] = "arithmetic"
   data_path: str | None = None
   steps: int | None = None  # denoising steps for the vanilla sampler (None: gen_length)
   ckpt_every: int = 0
@@ -114,9 +116,9 @@ PRESETS = {
     "cpu": Config(model=_model(96, 3, 4, 288), digits=3, gen_length=16, block_length=4, train_steps=3000,
                   batch_size=64, lr=2e-3, warmup_steps=100, eval_examples=512, eval_batch=256, threshold=0.99,
                   sweep=(0.7, 0.9, 0.95, 0.999), ckpt_every=500, log_every=50),
-    "full": Config(model=mdm.PRESETS["llada-8b"], model_path="REQUIRED: --set model_path=DIR", benchmark="gsm8k",
-                   data_path="REQUIRED: --set data_path=FILE.jsonl", gen_length=256, block_length=32, steps=256,
-                   eval_examples=1319, eval_batch=1, sweep=()),
+    "full": Config(model=mdm.PRESETS["llada-8b"], model_path=registry.Required("--set model_path=DIR"),
+                   benchmark="gsm8k", data_path=registry.Required("--set data_path=FILE.jsonl"), gen_length=256,
+                   block_length=32, steps=256, eval_examples=1319, eval_batch=1, sweep=()),
 }
 
 
@@ -167,42 +169,41 @@ def train(cfg: Config, out_dir: str, resume: bool):
   sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, max(cfg.train_steps, cfg.warmup_steps + 1),
                                              cfg.lr * 0.1)
   tx = optimizer(sched, "adamw", grad_clip=1.0, b1=0.9, b2=0.98, weight_decay=cfg.weight_decay)
-  init = lambda: (lambda p: {"params": p, "opt": tx.init(p), "step": jnp.int32(0)})(
-      mdm.init(mc, jax.random.key(cfg.seed)))
+  init = lambda: state_lib.create(mdm.init(mc, jax.random.key(cfg.seed)), tx)
+  # checkpoints hold {"params", "opt", "step"}: the state's rng is unused (each step's masking key is drawn below)
+  to_tree = lambda st: {"params": st.params, "opt": st.opt_state, "step": st.step}
   ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=2, async_=False) if cfg.ckpt_every else None
   state = None
   if resume and ckpt is not None:
-    restored = ckpt.restore_latest(target=jax.eval_shape(init))
-    state = None if restored is None else restored.state
+    restored = ckpt.restore_latest(target=jax.eval_shape(lambda: to_tree(init())))
+    if restored is not None:
+      t = restored.state
+      state = state_lib.TrainState(t["params"], t["opt"], t["step"], jax.random.PRNGKey(0))
   state = init() if state is None else state
-
-  @jax.jit
-  def step(state, tokens, plen, key):
-    def lossf(p):
-      return mdm.loss(p, tokens, mc, key, prompt_len_B=plen)
-    (loss, aux), g = jax.value_and_grad(lossf, has_aux=True)(state["params"])
-    upd, opt = tx.update(g, state["opt"], state["params"])
-    return {"params": optax.apply_updates(state["params"], upd), "opt": opt, "step": state["step"] + 1}, loss
+  mdm_loss = losses.mdm_loss_fn(mc)
+  step = step_lib.jit_train_step(step_lib.make_train_step(lambda p, b, rng: mdm_loss(p, b, b["key"]), tx))
 
   plen = np.full(cfg.batch_size, 2 * cfg.digits + 2, np.int32)
   log = open(os.path.join(out_dir, "metrics.jsonl"), "a")
-  t0, start = time.time(), int(state["step"])
+  t0, start = time.time(), int(state.step)
   for s in range(start, cfg.train_steps):
     prompts, answers = arithmetic(np.random.RandomState(cfg.seed * 100003 + s), cfg.batch_size, cfg.digits,
                                   cfg.gen_length, held_out=False)
     tokens = np.concatenate([prompts, answers], axis=1)
-    state, loss = step(state, tokens, plen, jax.random.fold_in(jax.random.key(cfg.seed + 1), s))
+    batch = {"tokens": tokens, "prompt_len": plen, "key": jax.random.fold_in(jax.random.key(cfg.seed + 1), s)}
+    state, m = step(state, batch)
     if (s + 1) % cfg.log_every == 0 or s + 1 == cfg.train_steps:
-      log.write(metrics_lib.json_line({"step": s + 1, "loss": float(loss), "elapsed_s": round(time.time() - t0, 2)}))
+      log.write(metrics_lib.json_line({"step": s + 1, "loss": float(m["loss"]),
+                                       "elapsed_s": round(time.time() - t0, 2)}))
       log.flush()
     if ckpt is not None and (s + 1) % cfg.ckpt_every == 0:
-      ckpt.save(s + 1, state)
+      ckpt.save(s + 1, to_tree(state))
   log.close()
   if ckpt is not None:
     if cfg.train_steps and ckpt.latest_step() != cfg.train_steps:
-      ckpt.save(cfg.train_steps, state)
+      ckpt.save(cfg.train_steps, to_tree(state))
     ckpt.close()
-  return state["params"], time.time() - t0
+  return state.params, time.time() - t0
 
 
 # ------------------------------------------------------------------------------------------ decoding
@@ -353,6 +354,9 @@ registry.register(registry.Experiment(
     description="diffusion LM decoding: vanilla vs Fast-dLLM (threshold, dual cache) vs speculative",
     resume_may_change=("methods", "sweep", "eval_examples", "eval_batch", "log_every", "threshold", "strata",
                        "lookahead", "accept_threshold", "vanilla_depth", "verify_attention"),
+    results=("train_seconds?", "accuracy.<method>", "nfe.<method>", "tokens_per_step.<method>", "seconds.<method>",
+             "sweep.<method>.<threshold>.accuracy?", "sweep.<method>.<threshold>.nfe?",
+             "nfe_ratio.vanilla_over_fast_dllm?", "tps_ratio.<method>_over_fast_dllm?"),
     paper="spec_dllm", claims=(
         Claim("fewer_iterations", "speculative decoding needs 30% fewer denoising iterations than Fast-dLLM",
               "30-40% fewer iterations", "{nfe.speculative} <= 0.7 * {nfe.fast_dllm}"),

@@ -53,17 +53,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxlab import choices
 from jaxlab.generate import diffusion as dif
 from jaxlab.models import mdm
 
 ACCEPTANCE = ("exact", "confident")
-ATTENTION = ("auto", "kernel", "dense")  # verification attention: Pallas kernel, dense mask, kernel off CPU
+Attention = Literal["auto", "kernel", "dense"]  # verification attention: Pallas kernel, dense mask, kernel off CPU
+ATTENTION = choices.values(Attention)
 
 
 @dataclasses.dataclass(frozen=True)

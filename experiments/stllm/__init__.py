@@ -105,9 +105,10 @@ PRESETS = {
                   d_model=64, n_layers=2, vit_width=32, patch=8, point_widths=(32, 64), point_centres=(64, 16),
                   n_latents=16, aligner_layers=2, n_train_rooms=1500, n_test_rooms=100, lm_rooms=4000,
                   lm_steps=800, steps=450, batch=24, lr=2e-3, warmup=30, eval_batch=100, log_every=50),
-    "full": Config(rea_path="REQUIRED: --set rea_path=FILE", rea_test_path="REQUIRED: --set rea_test_path=FILE",
-                   points_dir="REQUIRED: --set points_dir=DIR",
-                   frames_dir="REQUIRED: --set frames_dir=DIR", lm_path="REQUIRED: --set lm_path=DIR",
+    "full": Config(rea_path=registry.Required("--set rea_path=FILE"),
+                   rea_test_path=registry.Required("--set rea_test_path=FILE"),
+                   points_dir=registry.Required("--set points_dir=DIR"),
+                   frames_dir=registry.Required("--set frames_dir=DIR"), lm_path=registry.Required("--set lm_path=DIR"),
                    room=rooms.RoomConfig(points_per_furniture=256, points_per_object=64, image_size=336,
                                          n_frames=16),
                    vit_width=1152, patch=14, point_widths=(256, 768), point_centres=(512, 128), ray_freqs=127,
@@ -231,7 +232,10 @@ def _beats(model: str) -> str:
 registry.register(registry.Experiment(
     name="stllm", config_cls=Config, presets=PRESETS, run=run,
     description="STLLM: point cloud + egocentric clip + text (STLLM-3D, STLLM-Aligner) vs single-modality models",
-    resume_may_change=("eval_batch",), seed_key="seed", paper="stllm", claims=(
+    resume_may_change=("eval_batch",), seed_key="seed",
+    results=("train.questions", "test.questions", "accuracy.<task>.<model>", "bleu4.<task>.<model>?",
+             "rouge_l.<task>.<model>?", "mean.<model>", "mean_both.<model>", "steps"),
+    paper="stllm", claims=(
         Claim("stllm_3d", "STLLM-3D answers the room-and-clip questions better than video-only and points-only",
               "STLLM-3D above the video-only MLLM baselines on REA (main table)", _beats("stllm_3d")),
         Claim("stllm_aligner", "STLLM-Aligner answers the room-and-clip questions better than video-only and "

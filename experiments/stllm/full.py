@@ -22,7 +22,7 @@ TASK_NAMES = {t.replace("_", " "): t for t in rea.TASKS} | {t: t for t in rea.TA
 
 
 def _need(key: str, path, kind: str):
-  ok = isinstance(path, str) and not path.startswith("REQUIRED") and (
+  ok = isinstance(path, str) and (
       os.path.isdir(path) if kind == "dir" else os.path.isfile(path))
   if not ok:
     raise ValueError(f"stllm full preset: {key} must be an existing {'directory' if kind == 'dir' else 'file'}, "

@@ -27,6 +27,8 @@ from jaxlab.models import video as video_lib
 from jaxlab.nn import layers
 
 MODELS = ("video_only", "points_only", "stllm_3d", "stllm_aligner")
+# Logical axes of every model's params: the LM and connectors, the video tower, the point encoder, the Q-Former.
+AXES = mm.AXES + video_lib.AXES + pointcloud.AXES + qformer.AXES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,10 +119,10 @@ def forward(params, batch: dict, cfg: ModelConfig):
 
 
 def loss_fn(cfg: ModelConfig) -> losses.LossFn:
-  """Summed next-token NLL over the answer tokens ("targets", "loss_mask") and their count."""
+  """Summed next-token NLL over the answer tokens ("targets", "loss_mask"), their count, and no aux."""
   def fn(params, batch, rng):
     del rng
-    return losses.next_token_nll(forward(params, batch, cfg), batch["targets"], batch["loss_mask"])
+    return (*losses.next_token_nll(forward(params, batch, cfg), batch["targets"], batch["loss_mask"]), {})
   return fn
 
 

@@ -30,14 +30,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from typing import Literal
 
 from experiments import registry
 from experiments.runner.claims import Check, Claim
 from experiments.susvibes import agents as agents_lib
 from experiments.susvibes import harness, scanner, strategies
 from experiments.susvibes.tasks import mini_tasks
+from jaxlab import choices
 
-AGENTS = ("reference_secure", "reference_insecure", "smollm2")
+Agent = Literal["reference_secure", "reference_insecure", "smollm2"]
+AGENTS = choices.values(Agent)
 ANSWER_CHARS = 4000
 
 
@@ -46,13 +49,13 @@ class Config:
   """susvibes settings. `tasks`: mini task ids (empty: all); `max_new_tokens` bounds each LM answer;
   `prompt_files`: the snapshot files the prompt shows ("all", or "source": without the tests, a shorter prompt)."""
   tasks: tuple[str, ...] = ()
-  agents: tuple[str, ...] = AGENTS
-  strategies: tuple[str, ...] = strategies.STRATEGIES
+  agents: tuple[Agent, ...] = AGENTS
+  strategies: tuple[strategies.Strategy, ...] = strategies.STRATEGIES
   model: str = "smollm2-135m-instruct"
   max_new_tokens: int = 384
   batch_size: int = 4
-  prompt_files: str = "all"
-  scanner: str = "auto"
+  prompt_files: Literal["all", "source"] = "all"
+  scanner: Literal["auto", "bandit", "rules"] = "auto"
   timeout_s: float = 60.0
   memory_mb: int = 1024
   strip_functional: bool = True
@@ -81,9 +84,9 @@ PRESETS = {
     "smoke": Config(tasks=("path_traversal", "sql_injection"), max_new_tokens=4, batch_size=8, prompt_files="source",
                     timeout_s=30.0),
     "cpu": Config(max_new_tokens=320, batch_size=16, prompt_files="source"),
-    "full": Config(dataset_path="REQUIRED: --set dataset_path=susvibes_dataset.jsonl",
-                   env_specs_path="REQUIRED: --set env_specs_path=components.json (susvibes/env_specs)",
-                   predictions_path="REQUIRED: --set predictions_path=PREDS.jsonl ({strategy} is replaced)",
+    "full": Config(dataset_path=registry.Required("--set dataset_path=susvibes_dataset.jsonl"),
+                   env_specs_path=registry.Required("--set env_specs_path=components.json: susvibes/env_specs"),
+                   predictions_path=registry.Required("--set predictions_path=PREDS.jsonl: {strategy} is replaced"),
                    agents=("reference_secure",), timeout_s=1800.0, memory_mb=4096),
 }
 
@@ -217,6 +220,9 @@ def _requires(cfg: Config) -> tuple[str, ...]:
 registry.register(registry.Experiment(
     name="susvibes", config_cls=Config, presets=PRESETS, run=run, seed_key=None, requires=_requires,
     description="SUSVIBES: functional and security tests of agents' patches under four safety strategies",
+    results=("n_tasks", "func_pass.<agent>.<strategy>", "secure_pass.<agent>.<strategy>",
+             "patch_errors.<agent>.<strategy>?", "scanner?", "skipped.<agent>?", "scanner_flagged.<agent>?",
+             "cwe_selection.<metric>.<agent>?"),
     paper="susvibes", claims=(
         Claim("gap", "the LM agent's correct-and-secure ratio is well below its correct ratio",
               "SWE-Agent + Claude 4 Sonnet: 57% functionally correct, 11.8% secure",

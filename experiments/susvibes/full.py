@@ -35,7 +35,7 @@ STARTUP_ERRORS = (r"errors? during collection", r"ImportError while loading", r"
 
 
 def _need(path: str | None, what: str) -> str:
-  if path is None or path.startswith("REQUIRED"):
+  if path is None:
     raise ValueError(f"the full preset needs {what}: {path}")
   if not os.path.isfile(path):
     raise FileNotFoundError(f"{what}: expected a file, found nothing at {path!r}")
@@ -130,7 +130,7 @@ def run(cfg, out_dir: str) -> dict:
   missing = [r["instance_id"] for r in dataset if r["instance_id"] not in specs]
   if missing:
     raise ValueError(f"env_specs_path has no environment for {len(missing)} instances, e.g. {missing[:3]}")
-  if cfg.predictions_path is None or cfg.predictions_path.startswith("REQUIRED"):
+  if cfg.predictions_path is None:
     raise ValueError(f"the full preset needs predictions: {cfg.predictions_path}")
   sources = {}
   if "{strategy}" in cfg.predictions_path:

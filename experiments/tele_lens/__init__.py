@@ -33,6 +33,7 @@ import dataclasses
 import json
 import os
 import re
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,7 @@ import numpy as np
 from experiments import registry
 from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
 from experiments.runner.claims import Claim
+from jaxlab import choices
 from jaxlab.data.tasks import reasoning
 from jaxlab.generate import sample
 from jaxlab.interp import probes
@@ -49,7 +51,8 @@ from jaxlab.models import transformer as tfm
 INSTRUCTION = " Think step by step, then give the answer."
 # where a model's CoT turns into stating its answer: "Answer:", "**Final answer**:", "the answer is"
 ANSWER_RE = re.compile(r"(?i)\**\s*(?:the\s+)?(?:final\s+)?answer\**\s*(?::|is\b)")
-COTS = ("template", "model")
+Cot = Literal["template", "model"]
+COTS = choices.values(Cot)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +63,7 @@ class Config:
   model: str = "smollm2-135m-instruct"
   tasks: tuple[str, ...] = ("parity", "cycle", "subsum", "syllogism", "ransom_note")
   examples: int = 32
-  cot: str = "model"
+  cot: Cot = "model"
   sampled_cots: int = 1
   temperature: float = 0.7
   max_cot_tokens: int = 96
@@ -389,6 +392,11 @@ registry.register(registry.Experiment(
     name="tele_lens", config_cls=Config, presets=PRESETS, run=run,
     description="Tele-Lens probes of SmolLM2 on its own CoTs (Parity/Cycle/Subsum, reasoning-gym): horizon, final "
                 "answer, pivot AUROC, bypass",
+    results=("horizon.top5.layer<l>.d<d>", "horizon.top5.mean.d<d>", "final_answer_acc.layer<l>", "auroc.pivot",
+             "auroc.topk_highest", "auroc.self_certainty", "auroc.perplexity", "bypass.rate", "bypass.accuracy_change",
+             "lm_answer_acc", "cot.mean_tokens", "cot.stated_rate", "cot.stated_acc", "positions", "vocab_subset",
+             # the token probe through the whole LM head, where full_vocab_positions > 0
+             "full_vocab.layer?", "full_vocab.positions?", "full_vocab.top5.d<d>?", "full_vocab.subset_top5.d<d>?"),
     paper="tele_lens", claims=(
         Claim("myopic", "probes predict the next token far better than the token 8 ahead (myopic horizon)",
               "top-5 accuracy falls steeply with the distance ahead",

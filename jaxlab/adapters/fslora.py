@@ -28,21 +28,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxlab import choices
 from jaxlab.adapters import lora
 
-METHODS = ("fslora", "fedlora", "hetlora")
+Method = Literal["fslora", "fedlora", "hetlora"]
+METHODS = choices.values(Method)
+LocalOpt = Literal["adamw", "sgd"]  # sgd: momentum 0.9 (the sketch's r/k gradient scale then survives)
+ServerOpt = Literal["sgd", "adam"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  method: str = "fslora"
+  method: Method = "fslora"
   rank: int = 8
   alpha: float = 16.0
   targets: tuple[str, ...] = ("q", "v")
@@ -53,9 +57,9 @@ class Config:
   local_lr: float = 1e-3
   decay_rounds: int = 0  # > 0: round t's client lr is local_lr * cosine(t / decay_rounds) down to 0.1x; 0: constant
   local_weight_decay: float = 0.0
-  local_opt: str = "adamw"  # "adamw" | "sgd" (momentum 0.9: the sketch's r/k gradient scale then survives)
+  local_opt: LocalOpt = "adamw"
   server_lr: float = 1.0
-  server_opt: str = "sgd"  # "sgd" | "adam"
+  server_opt: ServerOpt = "sgd"
   reweight: bool = False  # the server averages each component over the clients that trained it (module doc)
   ratios: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)  # k_i / r, client i takes ratios[i % len]; fedlora: all 1
 
@@ -67,12 +71,7 @@ class Config:
 
     def bad(msg):
       raise ValueError(f"fslora.Config: {msg}")
-    if self.method not in METHODS:
-      bad(f"method must be one of {METHODS}, found {self.method!r}")
-    if self.local_opt not in ("adamw", "sgd"):
-      bad(f"local_opt must be 'adamw' or 'sgd', found {self.local_opt!r}")
-    if self.server_opt not in ("sgd", "adam"):
-      bad(f"server_opt must be 'sgd' or 'adam', found {self.server_opt!r}")
+    choices.check(self, bad, nested=False)
     if self.decay_rounds < 0:
       bad(f"decay_rounds must be >= 0, found {self.decay_rounds}")
     for name in ("rank", "n_clients", "clients_per_round", "local_steps", "batch_size"):

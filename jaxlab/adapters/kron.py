@@ -32,8 +32,14 @@ from jaxlab.nn import axes
 
 RECOMMENDED = (2, 8)  # (r1, r2), second-hand
 
-axes.register(r"kron_a", ("rank", "kron_r1", "kron_in"), fan_in="kron_in")
-axes.register(r"kron_b", ("rank", "kron_out", "kron_r2"), fan_in="kron_r2")
+# Logical axes of the adapter leaves; a tree holding a base model and its adapters takes `axis_rules(base_rules)`.
+AXES = axes.rules((r"kron_a", ("rank", "kron_r1", "kron_in"), "kron_in"),
+                  (r"kron_b", ("rank", "kron_out", "kron_r2"), "kron_r2"))
+
+
+def axis_rules(base: axes.Rules) -> axes.Rules:
+  """`base` plus the adapter leaves' rules (as `lora.axis_rules`): base params and adapters together."""
+  return base + AXES
 
 
 @dataclasses.dataclass(frozen=True)

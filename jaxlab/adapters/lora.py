@@ -13,8 +13,8 @@ B = lora_b^T [out, r]. Init as PEFT: A kaiming-uniform with a=sqrt(5) (U(+-1/sqr
 alpha/r, or alpha/sqrt(r) with rslora.
 
 Logical axes: lora_a (in_name, "rank"), lora_b ("rank", out_name), where in/out names are the base kernel's
-registered names (e.g. ("embed", "rank") and ("rank", "q_heads") for attn/q), so adapters shard like their
-kernels and "rank" stays replicated.
+(e.g. ("embed", "rank") and ("rank", "q_heads") for attn/q), so adapters shard like their kernels and "rank"
+stays replicated: `axis_rules(base_rules)` (e.g. `axis_rules(tfm.AXES)`) covers base params and adapters.
 
 Axes: L stacked layers, r rank.
 """
@@ -135,21 +135,16 @@ def kaiming_uniform(key, shape, fan_in: int, dtype=jnp.float32, a: float = math.
 PRESETS = {"qv": Config(), "all": Config(targets=ALL_LINEAR), "rs-all": Config(targets=ALL_LINEAR, rslora=True)}
 
 
-_REGISTERED: set[str] = set()
-
-
-def _register_axes(path: str, ndim: int) -> None:
-  """lora_a (in_name, "rank") and lora_b ("rank", out_name) from the base kernel's registered names."""
-  if path in _REGISTERED:
-    return
-  try:
-    base = axes.lookup(path, ndim)
-  except KeyError:
-    return
-  i, o = base.names[-2], base.names[-1]
-  axes.register(re.escape(path) + "/lora_a", (i, "rank"), fan_in=i)
-  axes.register(re.escape(path) + "/lora_b", ("rank", o), fan_in="rank")
-  _REGISTERED.add(path)
+def axis_rules(base: axes.Rules) -> axes.Rules:
+  """`base` plus the adapter leaves of every base matrix rule: lora_a (in_name, "rank"), lora_b ("rank", out_name)
+  under the kernel's path, in/out names the kernel's last two."""
+  adapters = []
+  for rule in base.entries:
+    if len(rule.axes.names) >= 2:
+      i, o = rule.axes.names[-2:]
+      adapters += [(rf"(?:{rule.pattern})/lora_a", (i, "rank"), i),
+                   (rf"(?:{rule.pattern})/lora_b", ("rank", o), "rank")]
+  return base + axes.rules(*adapters)
 
 
 # ------------------------------------------------------------------------------------------------ LoRA
@@ -169,7 +164,6 @@ def init(cfg: Config, base_params, key, dtype=jnp.float32) -> dict:
     *lead, d_in, d_out = shape
     out[path] = {"lora_a": kaiming_uniform(k, (*lead, d_in, cfg.rank), d_in, dtype),
                  "lora_b": jnp.zeros((*lead, cfg.rank, d_out), dtype)}
-    _register_axes(path, len(shape))
   return out
 
 
@@ -302,6 +296,4 @@ def import_peft(path: str, model_cfg, dtype=jnp.float32) -> tuple[Config, dict]:
     raise ValueError(f"{path}: no LoRA tensors found")
   cfg = Config(rank=int(conf["r"]), alpha=float(conf["lora_alpha"]), targets=tuple(re.escape(p) for p in adapter),
                rslora=bool(conf.get("use_rslora", False)))
-  for p, leaf in adapter.items():
-    _register_axes(p, leaf["lora_a"].ndim)
   return cfg, dict(sorted(adapter.items()))

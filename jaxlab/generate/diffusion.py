@@ -39,19 +39,22 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxlab import choices
 from jaxlab.models import mdm
 from jaxlab.models import transformer as tfm
 from kernels.spec_verify import make_mask, spec_verify_attention
 
-CACHES = (None, "prefix", "dual")
-REMASKING = ("low_confidence", "random")
+Cache = Literal["prefix", "dual"]  # or None: no KV cache
+CACHES = (None, *choices.values(Cache))
+Remasking = Literal["low_confidence", "random"]
+REMASKING = choices.values(Remasking)
 
 
 class DiffusionOutput(NamedTuple):
@@ -128,7 +131,7 @@ def region_logits(params, cfg: mdm.Config, ctx, tokens_BNT, pos_BT, valid_BT, le
     def attention_fn(q_BTHK, k_BSGK, v_BSGK, _):
       return spec_verify_attention(q_BTHK, k_BSGK[:, :s], v_BSGK[:, :s], k_BSGK[:, s:], v_BSGK[:, s:], prefix_len,
                                    branch, prefix_valid_BS=prefix_valid, key_branch_ids_BT=key_ids)
-    kw["attention_fn"] = attention_fn
+    kw["intervention"] = tfm.Intervention(attention=attention_fn)
   elif n > 1 or lead or ctx is not None:  # excluded cache entries and padding (pos -1): the model hides them
     kw["attn_mask_BTS"] = make_mask(prefix_len, branch, s) & jnp.concatenate([jnp.ones((s,), bool), key_ok])
   out = tfm.forward(params, tokens_BNT.reshape(b, n * t), cfg, **kw)
@@ -165,12 +168,12 @@ def select(conf, masked, k=None, threshold: float | None = None):
 @dataclasses.dataclass(frozen=True)
 class Plan:
   """Static description of one block's decoding (the jit key together with the model config)."""
-  cache: str | None
+  cache: Cache | None
   length: int  # L
   block_length: int
   steps: int  # per block
   threshold: float | None
-  remasking: str
+  remasking: Remasking
   temperature: float
   region_len: int  # tokens recomputed by a cached step (None cache: L)
   lead: int

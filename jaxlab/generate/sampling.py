@@ -32,7 +32,6 @@ import numpy as np
 
 from jaxlab.generate import quant
 from jaxlab.models import transformer as tfm
-from jaxlab.nn import layers
 
 _TRACES = [0]  # incremented each time the generation program is traced (tests count recompilations)
 
@@ -111,26 +110,17 @@ def layer_list_cache(cfg: tfm.Config, batch: int, max_len: int):
 
 def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT, cache, logits_at_B=None,
                        inputs_embeds_BTD=None):
-  """`transformer.forward` with a KV cache over `split_layers` params and a `layer_list_cache`: the same
-  positions, masks, blocks and head, with the layers unrolled instead of scanned. With `logits_at_B` the head
-  reads only that position of each row (logits [B, 1, V]: a prefill never holds [B, T, V])."""
-  dt = jnp.dtype(cfg.dtype)
-  x = layers.embed(params["embed"], tokens_BT, dt) if inputs_embeds_BTD is None else inputs_embeds_BTD.astype(dt)
-  b, t = x.shape[:2]
-  valid_BT = attention_mask_BT.astype(bool)
-  index = cache["index"]
-  k_pos, mask, cos, sin = tfm.positions_and_mask(cfg, valid_BT, cache)
-  ks, vs = [], []
-  for i, p in enumerate(params["layers"]):
-    slot = (cache["k"][i][None], cache["v"][i][None], 0)  # a one-slot [1, B, G, S, K] cache for this layer
-    x, _, _, _, (kc, vc) = tfm.block(p, x, cos, sin, mask, cfg, slot, index, i, None, None)
-    ks.append(kc[0])
-    vs.append(vc[0])
+  """`transformer.forward` with a KV cache over `split_layers` params and a `layer_list_cache` (`transformer.stack`
+  unrolls the layers). With `logits_at_B` the head reads only that position of each row (logits [B, 1, V]: a
+  prefill never holds [B, T, V])."""
+  x = tfm.embed(params, tokens_BT, cfg, inputs_embeds_BTD)
+  t = x.shape[1]
+  frame = tfm.positions_and_mask(cfg, attention_mask_BT.astype(bool), cache)
+  x, (ks, vs), _ = tfm.stack(params["layers"], x, frame, cfg, cache=cache)
   if logits_at_B is not None:
     x = jnp.take_along_axis(x, logits_at_B[:, None, None], axis=1)
-  h = layers.rms_norm(params["final_norm"], x, cfg.norm_eps)
-  logits = layers.linear(params["lm_head"], h, dt) if "lm_head" in params else layers.unembed(params["embed"], h, dt)
-  return tfm.Output(logits=logits, cache={"k": tuple(ks), "v": tuple(vs), "pos": k_pos, "index": index + t})
+  _, logits = tfm.head(params, x, cfg)
+  return tfm.Output(logits=logits, cache={"k": ks, "v": vs, "pos": frame.k_pos, "index": cache["index"] + t})
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new", "greedy", "top_k", "use_top_p", "stop", "forward_fn",

@@ -25,19 +25,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Literal, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxlab import choices
 from jaxlab.hf import io
 from jaxlab.interp import search as search_lib
 from jaxlab.nn import layers as nn_layers
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
           "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn)}
+StorageDType = Literal["float32", "bfloat16", "float8_e4m3fn"]  # the keys of DTYPES: an index's storage
+choices.same(DTYPES, StorageDType)
 FP8_MAX = 448.0
 
 

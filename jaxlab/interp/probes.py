@@ -31,20 +31,22 @@ import functools
 import hashlib
 import json
 import os
-from typing import Sequence
+from typing import Literal, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxlab import sharding
+from jaxlab import choices, sharding
 from jaxlab.models import programs
 from jaxlab.models import transformer as tfm
 from jaxlab.nn import axes, layers
 
-KINDS = ("tokens", "answer", "length")
-ACTIVATIONS = ("none", "relu", "gelu", "silu", "tanh")
+Kind = Literal["tokens", "answer", "length"]
+KINDS = choices.values(Kind)
+Activation = Literal["none", "relu", "gelu", "silu", "tanh"]
+ACTIVATIONS = choices.values(Activation)
 IGNORE = -1  # target id of a masked (token, delta) pair
 
 
@@ -57,20 +59,17 @@ class Config:
   d_model: int = 64
   rank: int = 256
   alpha: float = 256.0
-  activation: str = "silu"
-  kind: str = "tokens"
+  activation: Activation = "silu"
+  kind: Kind = "tokens"
   horizon: int = 8
   learning_rate: float = 1e-3
-  param_dtype: str = "float32"
+  param_dtype: layers.DType = "float32"
 
   def __post_init__(self):
     if self.d_model <= 0 or self.rank <= 0 or self.horizon <= 0:
       _fail(f"d_model, rank and horizon must be positive, found {self.d_model}, {self.rank}, {self.horizon}")
-    if self.kind not in KINDS:
-      _fail(f"kind must be one of {KINDS}, found {self.kind!r}")
-    if self.activation not in ACTIVATIONS:
-      _fail(f"activation must be one of {ACTIVATIONS}, found {self.activation!r}")
     layers.check_dtype_names(self, _fail, ("param_dtype",))
+    choices.check(self, _fail, nested=False)
 
   @property
   def scale(self) -> float:
@@ -84,14 +83,13 @@ class Config:
 PRESETS = {"tele-lens": Config(rank=256, alpha=256.0, horizon=8, learning_rate=1e-3),
            "tiny": Config(rank=16, alpha=16.0, horizon=8, learning_rate=1e-2)}
 
-for _pat, _names, _fan_in in [
+AXES = axes.rules(
     (r"lens_offset/embedding", ("pos", "embed"), None),
     (r"lens_a/kernel", ("embed", "rank"), "embed"),
     (r"lens_b/kernel", ("rank", "embed"), "rank"),
     (r"lens_length/kernel", ("embed", "classes"), "embed"),
     (r"lens_length/bias", ("classes",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def init(cfg: Config, key) -> dict:
@@ -109,7 +107,7 @@ def init(cfg: Config, key) -> dict:
 
 
 def param_axes(cfg: Config):
-  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))))
+  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), AXES)
 
 
 def _act(name, x):
@@ -314,7 +312,7 @@ def train(cfg: Config, h_ND, y, *, head_DV=None, epochs: int = 10, batch_size: i
   params = init(cfg, jax.random.key(seed)) if params is None else params
   tx = optimizer(cfg)
   if mesh is not None:
-    params = sharding.shard_params(params, mesh, "dp")
+    params = sharding.shard_params(params, mesh, "dp", axes=AXES)
     if head_DV is not None:
       head_DV = jax.device_put(head_DV, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
   opt_state = tx.init(params)

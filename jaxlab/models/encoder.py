@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.models import transformer as _tfm  # noqa: F401  (registers the shared block axes)
+from jaxlab import choices
+from jaxlab.models import transformer as tfm
 from jaxlab.nn import attention as attn_lib
 from jaxlab.nn import axes, layers
 
@@ -36,12 +37,12 @@ class Config:
   d_ff: int = 128
   max_position_embeddings: int = 64
   type_vocab_size: int = 2
-  activation: str = "gelu"  # exact erf GELU, as BERT uses
+  activation: layers.Activation = "gelu"  # exact erf GELU, as BERT uses
   norm_eps: float = 1e-12
   pad_token_id: int | None = 0
   init_std: float = 0.02
-  param_dtype: str = "float32"
-  dtype: str = "float32"  # compute dtype
+  param_dtype: layers.DType = "float32"
+  dtype: layers.DType = "float32"  # compute dtype
   remat: bool = False
 
   def __post_init__(self):
@@ -53,13 +54,12 @@ class Config:
         bad(f"{name} must be a positive int, found {getattr(self, name)!r}")
     if self.d_model % self.n_heads:
       bad(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
-    if self.activation not in layers.ACTIVATIONS:
-      bad(f"activation must be one of {sorted(layers.ACTIVATIONS)}, found {self.activation!r}")
+    layers.check_dtype_names(self, bad)
+    choices.check(self, bad, nested=False)
     if self.norm_eps <= 0:
       bad(f"norm_eps must be positive, found {self.norm_eps}")
     if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
       bad(f"pad_token_id must be in [0, {self.vocab_size}) or None, found {self.pad_token_id}")
-    layers.check_dtype_names(self, bad)
 
   @property
   def kdim(self) -> int:
@@ -85,14 +85,13 @@ PRESETS: dict[str, Config] = {
     "bert-large": _bert(1024, 24, 16, 4096),  # bert-large-uncased
 }
 
-# Logical axes of the encoder-only params; the block names (attn/q, mlp/up, attn_norm, ...) and embed/embedding
-# are registered by jaxlab.models.transformer. Token types are a tiny vocabulary, positions a lookup table.
-for _pat, _names, _fan_in in [
+# Logical axes of every parameter: the block names (attn/q, mlp/up, attn_norm, ...) and embed/embedding are
+# transformer's, then the encoder-only params. Token types are a tiny vocabulary, positions a lookup table.
+AXES = tfm.AXES + axes.rules(
     (r"pos_embed", ("pos", "embed"), "pos"),
     (r"type_embed/embedding", ("vocab", "embed"), "vocab"),
     (r"embed_norm/(scale|bias)", ("embed",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def init(cfg: Config, key) -> dict:
@@ -114,7 +113,7 @@ def init(cfg: Config, key) -> dict:
 
 def param_axes(cfg: Config):
   """Logical axis names of every parameter, as a tree shaped like `init(cfg, key)`."""
-  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))))
+  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), AXES)
 
 
 class Output(NamedTuple):

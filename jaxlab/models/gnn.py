@@ -1,6 +1,6 @@
 """A graph attention network (GAT, arXiv 1710.10903) over scene graphs, as the state encoder of GiG planning.
 
-GiG (Graph-in-Graph planning; papers/DIGEST.md "gig") embeds the scene graph of every step of a trace into one
+GiG (Graph-in-Graph planning; experiments/gig/README.md) embeds the scene graph of every step of a trace into one
 unit vector z_t, trained so adjacent steps of a trace lie close and states of other traces far (a triplet loss)
 while the embeddings spread over the sphere (the uniformity term of Wang & Isola, arXiv 2005.10242).
 
@@ -21,7 +21,7 @@ Axes: N nodes, E edges, G graphs, B triplets, Fn/Fe node/edge features, D width,
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Literal, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +29,11 @@ import jraph
 import numpy as np
 import optax
 
+from jaxlab import choices
 from jaxlab.nn import axes, layers
 
-READOUTS = ("mean", "attention")
+Readout = Literal["mean", "attention"]
+READOUTS = choices.values(Readout)
 
 
 def _fail(msg):
@@ -46,11 +48,11 @@ class Config:
   n_heads: int = 4
   n_layers: int = 2
   d_embed: int = 32
-  readout: str = "mean"
+  readout: Readout = "mean"
   negative_slope: float = 0.2
   residual: bool = True
   init_std: float = 0.1
-  param_dtype: str = "float32"
+  param_dtype: layers.DType = "float32"
 
   def __post_init__(self):
     for name in ("node_features", "edge_features", "d_model", "n_heads", "n_layers", "d_embed"):
@@ -58,9 +60,8 @@ class Config:
         _fail(f"{name} must be a positive int, found {getattr(self, name)!r}")
     if self.d_model % self.n_heads:
       _fail(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-    if self.readout not in READOUTS:
-      _fail(f"readout must be one of {READOUTS}, found {self.readout!r}")
     layers.check_dtype_names(self, _fail, ("param_dtype",))
+    choices.check(self, _fail, nested=False)
 
   @property
   def head_dim(self) -> int:
@@ -103,7 +104,7 @@ def init(cfg: Config, key) -> dict:
 
 
 # Node and edge features are one-hot kinds plus a few flags: their axis is "classes" (replicated by every rule).
-for _pat, _names, _fan_in in [
+AXES = axes.rules(
     (r"gat_in/kernel", ("classes", "embed"), "classes"),
     (r"gat_in/bias", ("embed",), None),
     (r"gat_layers/w", ("embed", "heads", "head_dim"), "embed"),
@@ -112,8 +113,7 @@ for _pat, _names, _fan_in in [
     (r"gat_readout/gate", ("embed",), None),
     (r"gat_out/kernel", ("embed", "classes"), "embed"),
     (r"gat_out/bias", ("classes",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def _check_graph(graph: jraph.GraphsTuple, cfg: Config):

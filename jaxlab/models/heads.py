@@ -13,14 +13,17 @@ Axes: B batch, T positions, D model width, C classes (1 for the value head, 2 fo
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 
+from jaxlab import choices
 from jaxlab.models import transformer as tfm
 from jaxlab.nn import axes, layers
 
-KINDS = ("value", "step")
+Kind = Literal["value", "step"]
+KINDS = choices.values(Kind)
 AGGREGATIONS = ("min", "last", "product")
 
 
@@ -30,15 +33,14 @@ def _fail(msg):
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  kind: str = "value"
+  kind: Kind = "value"
   d_model: int = 64
   init_std: float = 0.02
-  param_dtype: str = "float32"
+  param_dtype: layers.DType = "float32"
 
   def __post_init__(self):
-    if self.kind not in KINDS:
-      raise ValueError(f"heads.Config: kind must be one of {KINDS}, found {self.kind!r}")
     layers.check_dtype_names(self, _fail, ("param_dtype",))
+    choices.check(self, _fail, nested=False)
 
   @property
   def classes(self) -> int:
@@ -55,13 +57,13 @@ def init(cfg: Config, key) -> dict:
   return {"score": {"dense": lin(k1, cfg.d_model, cfg.d_model), "out": lin(k2, cfg.d_model, 2)}}
 
 
-for _pat, _names, _fan_in in [
+# Logical axes of the head's params; a reward model's {"lm": ..., "head": ...} tree takes `tfm.AXES + AXES`.
+AXES = axes.rules(
     (r"(v_head/summary|score/out)/kernel", ("embed", "classes"), "embed"),
     (r"(v_head/summary|score/out)/bias", ("classes",), None),
     (r"score/dense/kernel", ("embed", "mlp"), "embed"),
     (r"score/dense/bias", ("mlp",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def logits(params, cfg: Config, hidden_BTD):

@@ -30,6 +30,7 @@ import numpy as np
 from jaxlab.models import transformer as tfm
 from jaxlab.nn.rope import Rope
 
+AXES = tfm.AXES
 Output = tfm.Output
 init_cache = tfm.init_cache
 num_params = tfm.num_params

@@ -20,17 +20,20 @@ N feature tokens per input, K prefix latents, E encoder width, F connector width
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 
+from jaxlab import choices
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vit
 from jaxlab.models import whisper
 from jaxlab.nn import axes, layers
 
-MODES = ("splice", "prefix")
+Mode = Literal["splice", "prefix"]
+MODES = choices.values(Mode)
+FeatureSelect = Literal["default", "full"]  # "default": drop the first (class) token; "full": keep every token
 
 
 class Encoder(NamedTuple):
@@ -39,6 +42,7 @@ class Encoder(NamedTuple):
   forward: Callable[[Any, Any, Any], Any]  # forward(params, inputs, c) -> features [B, N, E]
   width: Callable[[Any], int]  # E
   n_tokens: Callable[[Any], int]  # N
+  axes: axes.Rules  # logical axes of init's params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +52,7 @@ class VitFeatures:
   `feature_select="default"` or kept with "full"."""
   vision: vit.Config = vit.PRESETS["clip-tiny"]
   feature_layers: tuple[int, ...] = (-2,)
-  feature_select: str = "default"
+  feature_select: FeatureSelect = "default"
 
   def __post_init__(self):
     def bad(msg):
@@ -60,8 +64,7 @@ class VitFeatures:
     if not self.feature_layers or any(not -(n + 1) <= x <= n for x in self.feature_layers):
       bad(f"feature_layers must be non-empty HF hidden-state indices in [{-(n + 1)}, {n}], found "
           f"{self.feature_layers}")
-    if self.feature_select not in ("default", "full"):
-      bad(f"feature_select must be 'default' or 'full', found {self.feature_select!r}")
+    choices.check(self, bad, nested=False)
     if self.feature_select == "default" and not self.vision.cls_token:
       bad("feature_select='default' drops the class token, but the vision encoder has none; use 'full'")
 
@@ -90,7 +93,7 @@ def vit_features(params, pixels_BHWC, c: VitFeatures):
 
 
 VIT = Encoder(init=lambda c, key: vit.init(c.vision, key), forward=vit_features, width=lambda c: c.width,
-              n_tokens=lambda c: c.n_tokens)
+              n_tokens=lambda c: c.n_tokens, axes=vit.AXES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +118,8 @@ def whisper_features(params, mel_BFT, c: WhisperFeatures):
 
 
 WHISPER = Encoder(init=lambda c, key: {"encoder": whisper.init(c.whisper, key)["encoder"]},
-                  forward=whisper_features, width=lambda c: c.whisper.d_model, n_tokens=lambda c: c.n_tokens)
+                  forward=whisper_features, width=lambda c: c.whisper.d_model, n_tokens=lambda c: c.n_tokens,
+                  axes=whisper.AXES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +130,8 @@ class LinearFeatures:
   n_tokens: int = 4
   bias: bool = True
   init_std: float = 0.02
-  param_dtype: str = "float32"
-  dtype: str = "float32"
+  param_dtype: layers.DType = "float32"
+  dtype: layers.DType = "float32"
 
   def __post_init__(self):
     def bad(msg):
@@ -148,7 +152,9 @@ def linear_features(params, items_BNX, c: LinearFeatures):
 LINEAR = Encoder(
     init=lambda c, key: {"proj": layers.linear_init(key, c.d_in, c.width, bias=c.bias, std=c.init_std,
                                                     dtype=jnp.dtype(c.param_dtype))},
-    forward=linear_features, width=lambda c: c.width, n_tokens=lambda c: c.n_tokens)
+    forward=linear_features, width=lambda c: c.width, n_tokens=lambda c: c.n_tokens,
+    axes=axes.rules((r"proj/kernel", ("patch", "embed"), "patch"),  # item features in, like patch pixels
+                    (r"proj/bias", ("embed",), None)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,11 +162,11 @@ class Config:
   encoder: Encoder = VIT
   encoder_cfg: Any = VitFeatures()
   text: tfm.Config = tfm.PRESETS["tiny"]
-  mode: str = "splice"  # "splice": features replace placeholder tokens; "prefix": prepended latents
+  mode: Mode = "splice"  # "splice": features replace placeholder tokens; "prefix": prepended latents
   placeholder_id: int = 3  # splice: the token id whose positions receive the features
   n_latents: int = 0  # prefix: learned latents prepended ahead of the encoder's (Q-Former queries)
   connector_hidden: int | None = None  # None: the LM width (LLaVA)
-  connector_activation: str = "gelu"
+  connector_activation: layers.Activation = "gelu"
   connector_bias: bool = True
   modality: str = "input"  # what one encoder input is, in error messages ("image")
 
@@ -169,14 +175,11 @@ class Config:
       raise ValueError(f"multimodal.Config: {msg}")
     if not isinstance(self.encoder, Encoder):
       bad(f"encoder must be a multimodal.Encoder, found {type(self.encoder).__name__}")
-    if self.mode not in MODES:
-      bad(f"mode must be one of {MODES}, found {self.mode!r}")
+    choices.check(self, bad, nested=False)
     if self.mode == "splice" and not 0 <= self.placeholder_id < self.text.vocab_size:
       bad(f"placeholder_id must be in [0, {self.text.vocab_size}), found {self.placeholder_id}")
     if self.n_latents < 0 or (self.n_latents and self.mode != "prefix"):
       bad(f"n_latents must be >= 0, and 0 unless mode='prefix'; found {self.n_latents} with mode={self.mode!r}")
-    if self.connector_activation not in layers.ACTIVATIONS:
-      bad(f"connector_activation must be one of {sorted(layers.ACTIVATIONS)}, found {self.connector_activation!r}")
     if self.connector_hidden is not None and self.connector_hidden <= 0:
       bad(f"connector_hidden must be positive, found {self.connector_hidden}")
 
@@ -192,16 +195,19 @@ class Config:
     return dataclasses.replace(self, **kw)
 
 
-for _pat, _names, _fan_in in [
+# Logical axes of the LM and the connector (and latents); `axis_rules(cfg)` adds the encoder's.
+AXES = tfm.AXES + axes.rules(
     (r"connector/fc1/kernel", ("embed", "mlp"), "embed"),
     (r"connector/fc1/bias", ("mlp",), None),
     (r"connector/fc2/kernel", ("mlp", "embed"), "mlp"),
     (r"connector/fc2/bias", ("embed",), None),
     (r"latents", ("pos", "embed"), "pos"),  # learned queries, a lookup table like a position embedding
-    (r"encoder/proj/kernel", ("patch", "embed"), "patch"),  # LINEAR: item features in, like patch pixels
-    (r"encoder/proj/bias", ("embed",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
+
+
+def axis_rules(cfg: Config) -> axes.Rules:
+  """Logical axes of `init(cfg, key)`'s params: the encoder's, then the LM's and the connector's."""
+  return cfg.encoder.axes + AXES
 
 
 def connector_init(keys, d_in: int, d_hidden: int, d_out: int, *, bias: bool, std: float, dtype) -> dict:

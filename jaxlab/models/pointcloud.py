@@ -56,8 +56,8 @@ class Config:
   ray_freqs: int = 0  # L of the ray positional encoding (0: none); the reference uses 127
   ray_proj: bool = True  # linear map of the ray embedding to the width (False: the zero-padded embedding)
   init_std: float = 0.02
-  param_dtype: str = "float32"
-  dtype: str = "float32"
+  param_dtype: layers.DType = "float32"
+  dtype: layers.DType = "float32"
 
   def __post_init__(self):
     def bad(msg):
@@ -101,13 +101,12 @@ PRESETS: dict[str, Config] = {
                                                    Stage(32, 64, 0.8, (256, 512, 768))), ray_freqs=127),
 }
 
-for _pat, _names, _fan_in in [
+AXES = axes.rules(
     (r"stages/\d+/mlp/\d+/kernel", ("embed", "mlp"), "embed"),
     (r"stages/\d+/mlp/\d+/bias", ("mlp",), None),
     (r"ray_proj/kernel", ("patch", "embed"), "patch"),  # fixed features in, like patch pixels
     (r"ray_proj/bias", ("embed",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def ray_width(n_freqs: int) -> int:
@@ -136,7 +135,7 @@ def init(cfg: Config, key) -> dict:
 
 def param_axes(cfg: Config):
   """Logical axis names of every parameter, as a tree shaped like `init(cfg, key)`."""
-  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))))
+  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), AXES)
 
 
 def farthest_point_sample(xyz_N3, mask_N, m: int):
@@ -300,4 +299,5 @@ def encoder_forward(params, inputs: dict, cfg: Config):
                 c2w_B44=inputs.get("c2w")).features_BMC
 
 
-POINTCLOUD = mm.Encoder(init=init, forward=encoder_forward, width=lambda c: c.width, n_tokens=lambda c: c.n_tokens)
+POINTCLOUD = mm.Encoder(init=init, forward=encoder_forward, width=lambda c: c.width, n_tokens=lambda c: c.n_tokens,
+                        axes=AXES)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.models import programs
-from jaxlab.models import transformer as _tfm  # noqa: F401  (registers the shared block axes)
+from jaxlab.models import transformer as tfm
 from jaxlab.nn import attention as attn_lib
 from jaxlab.nn import axes, layers
 
@@ -39,8 +39,8 @@ class Config:
   n_blocks: int = 2
   norm_eps: float = 1e-5
   init_std: float = 0.02
-  param_dtype: str = "float32"
-  dtype: str = "float32"
+  param_dtype: layers.DType = "float32"
+  dtype: layers.DType = "float32"
 
   def __post_init__(self):
     def bad(msg):
@@ -65,14 +65,13 @@ PRESETS: dict[str, Config] = {
     "smollm2-135m-minilm": Config(n_layers=30, d_in=384),  # the reference's width 256, 4 heads, 2 blocks
 }
 
-for _pat, _names, _fan_in in [
+AXES = tfm.AXES + axes.rules(
     (r"in_proj/kernel", ("patch", "embed"), "patch"),  # outside features in
     (r"in_proj/bias", ("embed",), None),
     (r"layer_queries", ("pos", "embed"), "pos"),
     (r"(seg_head|op_head)/kernel", ("embed", "classes"), "embed"),
     (r"(seg_head|op_head)/bias", ("classes",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def init(cfg: Config, key) -> dict:
@@ -97,7 +96,7 @@ def init(cfg: Config, key) -> dict:
 
 def param_axes(cfg: Config):
   """Logical axis names of every parameter, as a tree shaped like `init(cfg, key)`."""
-  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))))
+  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), AXES)
 
 
 class Output(NamedTuple):

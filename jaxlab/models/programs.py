@@ -4,6 +4,7 @@ A program is a list of layer indices run in order: a missing layer is skipped, a
 `transformer.forward(program=...)` takes a concrete program (one compile per program). Here a program is a
 traced int array padded with NOOP (-1) positions that leave the residual stream unchanged, so every program of
 one padded length shares one compile, and `forward_batch` runs N programs at once (vmap over the program axis).
+Both run the layers through `transformer.stack`.
 
 Segment encoding (PoLar's training target): the layers 0..L-1 are cut into contiguous segments of at most
 `max_pack` (4) layers, each with an op: SKIP (not run), KEEP (run once), REPEAT (run twice in a row, i.e. the
@@ -26,7 +27,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab.models import transformer as tfm
-from jaxlab.nn import layers
 
 NOOP = -1
 SKIP, KEEP, REPEAT = 0, 1, 2
@@ -90,32 +90,16 @@ def forward(params, tokens_BT, cfg: tfm.Config, program_P, *, attention_mask_BT=
   if unknown:
     raise ValueError(f"unknown capture {sorted(unknown)}; expected a subset of {CAPTURES}")
   _check_concrete(program_P, cfg)
-  program_P = jnp.asarray(program_P, jnp.int32)
-  dt = jnp.dtype(cfg.dtype)
-  x = layers.embed(params["embed"], tokens_BT, dt)
+  x = tfm.embed(params, tokens_BT, cfg)
   b, t = x.shape[:2]
   valid_BT = jnp.ones((b, t), bool) if attention_mask_BT is None else attention_mask_BT.astype(bool)
-  _, mask, cos, sin = tfm.positions_and_mask(cfg, valid_BT, None, positions_BT)
-  stacked = params["layers"]
-
-  def body(x, layer):
-    idx = jnp.maximum(layer, 0)
-    p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, idx, keepdims=False), stacked)
-    run = lambda x: tfm.block(p, x, cos, sin, mask, cfg, None, None, idx, None, None)[0]
-    x = jax.lax.cond(layer >= 0, run, lambda x: x, x)
-    return x, (x if "hidden_states" in capture else None)
-
-  if cfg.remat:
-    body = jax.checkpoint(body, prevent_cse=False)
-  x_final, ys = jax.lax.scan(body, x, program_P)
-  h = layers.rms_norm(params["final_norm"], x_final, cfg.norm_eps)
-  if "lm_head" in params:
-    logits = layers.linear(params["lm_head"], h, dt)
-  else:
-    logits = layers.unembed(params["embed"], h, dt)
+  frame = tfm.positions_and_mask(cfg, valid_BT, None, positions_BT)
+  x_final, _, ys = tfm.stack(params["layers"], x, frame, cfg, program=jnp.asarray(program_P, jnp.int32),
+                             capture=capture)
+  h, logits = tfm.head(params, x_final, cfg)
   hs = None
   if "hidden_states" in capture:
-    hs = jnp.concatenate([x[None], ys[:-1], h[None]], axis=0)
+    hs = jnp.concatenate([x[None], ys["hidden_states"][:-1], h[None]], axis=0)
   return Output(logits=logits, residual=x_final, hidden_states=hs)
 
 

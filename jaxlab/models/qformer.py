@@ -22,9 +22,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxlab import choices
 from jaxlab.models import multimodal as mm
 from jaxlab.models import pointcloud
-from jaxlab.models import transformer as _tfm  # noqa: F401  (registers the shared block axes)
+from jaxlab.models import transformer as tfm
 from jaxlab.models import video as video_lib
 from jaxlab.nn import attention as attn_lib
 from jaxlab.nn import axes, layers
@@ -42,11 +43,11 @@ class Config:
   out_width: int = 48  # O: the LM width of the prefix
   video_width: int = 0  # X of projected video-patch queries (0: none)
   text_width: int = 0  # X of projected text-embedding queries (0: none)
-  activation: str = "gelu"
+  activation: layers.Activation = "gelu"
   norm_eps: float = 1e-12
   init_std: float = 0.02
-  param_dtype: str = "float32"
-  dtype: str = "float32"
+  param_dtype: layers.DType = "float32"
+  dtype: layers.DType = "float32"
 
   def __post_init__(self):
     def bad(msg):
@@ -62,9 +63,8 @@ class Config:
       bad(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
     if self.n_layers % self.cross_every:
       bad(f"cross_every ({self.cross_every}) must divide n_layers ({self.n_layers})")
-    if self.activation not in layers.ACTIVATIONS:
-      bad(f"activation must be one of {sorted(layers.ACTIVATIONS)}, found {self.activation!r}")
     layers.check_dtype_names(self, bad)
+    choices.check(self, bad, nested=False)
 
   @property
   def n_groups(self) -> int:
@@ -87,15 +87,14 @@ PRESETS: dict[str, Config] = {
                     n_latents=32, out_width=3584, video_width=3584, text_width=3584),
 }
 
-for _pat, _names, _fan_in in [
+AXES = tfm.AXES + axes.rules(
     (r"query_norm/(scale|bias)", ("embed",), None),
     (r"(video_proj|text_proj)/kernel", ("patch", "embed"), "patch"),  # outside features in, like patch pixels
     (r"(video_proj|text_proj)/bias", ("embed",), None),
     (r"out_proj/kernel", ("mlp", "embed"), "mlp"),  # Q-Former width -> LM width, like the connector's fc2
     (r"out_proj/bias", ("embed",), None),
     (r"latents", ("pos", "embed"), "pos"),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def init(cfg: Config, key) -> dict:
@@ -124,7 +123,7 @@ def init(cfg: Config, key) -> dict:
 
 def param_axes(cfg: Config):
   """Logical axis names of every parameter, as a tree shaped like `init(cfg, key)`."""
-  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))))
+  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), AXES)
 
 
 def _attend(p, x_BQD, kv_BSX, mask_BS, cfg: Config):
@@ -215,7 +214,8 @@ def encoder_forward(params, inputs: dict, cfg: Config):
                  text_BTX=inputs.get("text"), text_mask_BT=inputs.get("text_mask")).prefix_BKO
 
 
-QFORMER = mm.Encoder(init=init, forward=encoder_forward, width=lambda c: c.out_width, n_tokens=lambda c: c.n_latents)
+QFORMER = mm.Encoder(init=init, forward=encoder_forward, width=lambda c: c.out_width, n_tokens=lambda c: c.n_latents,
+                     axes=AXES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,4 +262,4 @@ def aligner_forward(params, inputs: dict, c: AlignerConfig):
 
 
 ALIGNER = mm.Encoder(init=aligner_init, forward=aligner_forward, width=lambda c: c.qformer.out_width,
-                     n_tokens=lambda c: c.qformer.n_latents)
+                     n_tokens=lambda c: c.qformer.n_latents, axes=AXES + pointcloud.AXES + video_lib.AXES)

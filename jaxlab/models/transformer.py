@@ -5,9 +5,12 @@ A family is a config, not a branch on a name: `qkv_bias` (Qwen2), `qk_norm` ("he
 `tie_embeddings`, rope variants (jaxlab.nn.rope). `causal=False` gives the bidirectional encoder used by
 masked diffusion LMs. Presets include the GaLore/SCALE LLaMA shapes (arXiv 2403.03507, configs/llama_*.json).
 
-Blocks are stacked on a leading `layers` axis and run under `jax.lax.scan`. A layer program (PoLar) is a list
-of layer indices (skips and repeats allowed); each executed position has its own KV-cache slot. Captures
-(hidden states, residual updates, attention weights) are scan outputs.
+A pass is `embed`, `positions_and_mask`, `stack` (the layers) and `head`; `forward`, the padded layer programs
+(`programs`) and the decode path of `jaxlab.generate.sampling` all run these. Blocks are stacked on a leading
+`layers` axis and run under `jax.lax.scan` (or, split into per-layer trees, as an unrolled loop). A layer
+program (PoLar) is a list of layer indices (skips and repeats allowed); each executed position has its own
+KV-cache slot. Captures (hidden states, residual updates, attention weights) are scan outputs. What a paper
+changes inside a block enters through the named hook points of `Intervention`.
 
 Axes: B batch, T query positions, S key positions, D model, H heads, G kv heads, K head dim, F mlp, V vocab,
 P executed layer positions.
@@ -15,12 +18,13 @@ P executed layer positions.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab import choices
 from jaxlab.nn import attention as attn_lib
 from jaxlab.nn import axes, layers, rope as rope_lib
 from jaxlab.nn.rope import Rope
@@ -40,18 +44,18 @@ class Config:
   max_position_embeddings: int = 2048
   rope: Rope = Rope()
   norm_eps: float = 1e-6
-  activation: str = "silu"
+  activation: layers.Activation = "silu"
   qkv_bias: bool = False
   o_bias: bool = False
   mlp_bias: bool = False
-  qk_norm: str = "none"  # "none" | "head" (per head, over K) | "full" (over the whole H*K projection)
+  qk_norm: Literal["none", "head", "full"] = "none"  # "head": per head, over K; "full": over the whole H*K projection
   post_norm: bool = False
   tie_embeddings: bool = False
   sliding_window: int | None = None
   causal: bool = True
   init_std: float = 0.02
-  param_dtype: str = "float32"
-  dtype: str = "float32"  # compute dtype
+  param_dtype: layers.DType = "float32"
+  dtype: layers.DType = "float32"  # compute dtype
   remat: bool = False
   bos_token_id: int | None = None
   eos_token_id: int | tuple[int, ...] | None = None
@@ -71,13 +75,10 @@ class Config:
       bad(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model}) when head_dim is not given")
     if self.n_heads % self.kv_heads:
       bad(f"n_kv_heads ({self.kv_heads}) must divide n_heads ({self.n_heads})")
-    if self.qk_norm not in ("none", "head", "full"):
-      bad(f"qk_norm must be 'none', 'head' or 'full', found {self.qk_norm!r}")
-    if self.activation not in layers.ACTIVATIONS:
-      bad(f"activation must be one of {sorted(layers.ACTIVATIONS)}, found {self.activation!r}")
     if self.kdim % 2:
       bad(f"head_dim must be even for rotary embeddings, found {self.kdim}")
     layers.check_dtype_names(self, bad)
+    choices.check(self, bad, nested=False)
 
   @property
   def kv_heads(self) -> int:
@@ -111,7 +112,7 @@ PRESETS: dict[str, Config] = {
 
 
 # Logical axes of every parameter (trailing dims; stacked layers are prepended as "layers").
-for _pat, _names, _fan_in in [
+AXES = axes.rules(
     (r"embed/embedding", ("vocab", "embed"), "vocab"),
     (r"lm_head/kernel", ("embed", "vocab"), "embed"),
     (r"attn/q/kernel", ("embed", "q_heads"), "embed"),
@@ -126,8 +127,7 @@ for _pat, _names, _fan_in in [
     (r"mlp/down/kernel", ("mlp", "embed"), "mlp"),
     (r"mlp/down/bias", ("embed",), None),
     (r"(attn_norm|mlp_norm|post_attn_norm|post_mlp_norm|final_norm)/(scale|bias)", ("embed",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def init(cfg: Config, key) -> dict:
@@ -155,18 +155,22 @@ def init(cfg: Config, key) -> dict:
 
 def param_axes(cfg: Config):
   """Logical axis names of every parameter, as a tree shaped like `init(cfg, key)`."""
-  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))))
+  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), AXES)
 
 
 @dataclasses.dataclass(frozen=True)
 class Intervention:
-  """Hooks applied inside every attention block. `layer` is the (traced) index of the layer being run.
+  """Named hook points inside every decoder block; `layer` is the (traced) index of the layer being run.
 
   attn_weights: fn(weights_BHTS, layer) -> weights_BHTS, replaces the attention pattern after softmax.
   attn_update: fn(update_BTD, layer) -> update_BTD, replaces what attention adds to the residual stream.
+  attention: fn(q_BTHK, k_BSGK, v_BSGK, mask_BTS) -> out_BTHK in place of the softmax attention, e.g. a fused
+    kernel that knows the mask's structure (`kernels.spec_verify`); k/v include the cache. It exposes no
+    attention weights, so it excludes the `attn_weights` hook and capture.
   """
   attn_weights: Callable | None = None
   attn_update: Callable | None = None
+  attention: Callable | None = None
 
 
 class Output(NamedTuple):
@@ -178,7 +182,15 @@ class Output(NamedTuple):
   attn_weights: Any = None  # [P, B, H, T, S]
 
 
-def _attention(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention, attention_fn):
+class Frame(NamedTuple):
+  """What every layer of one pass shares (`positions_and_mask`)."""
+  k_pos: Any  # [B, S] the keys' positions, -1: never attended
+  mask: Any  # [B, T, S] True: may attend
+  cos: Any  # rotary tables at the query positions
+  sin: Any
+
+
+def _attention(p, x_BTD, frame: Frame, cfg: Config, slot, index, layer, hooks: Intervention | None):
   dt = jnp.dtype(cfg.dtype)
   b, t, _ = x_BTD.shape
   h, g, k = cfg.n_heads, cfg.kv_heads, cfg.kdim
@@ -188,35 +200,35 @@ def _attention(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, in
   q, kk, v = q.reshape(b, t, h, k), kk.reshape(b, t, g, k), v.reshape(b, t, g, k)
   if cfg.qk_norm == "head":
     q, kk = layers.rms_norm(p["q_norm"], q, cfg.norm_eps), layers.rms_norm(p["k_norm"], kk, cfg.norm_eps)
-  if cos is not None:
-    q, kk = rope_lib.apply(q, cos, sin), rope_lib.apply(kk, cos, sin)
+  if frame.cos is not None:
+    q, kk = rope_lib.apply(q, frame.cos, frame.sin), rope_lib.apply(kk, frame.cos, frame.sin)
   heads_major = slot is not None
   if slot is not None:  # slot = (k cache [P,B,G,S,K], v cache, this layer position's slot index)
     kc, vc = attn_lib.cache_write(slot[0], slot[1], kk, v, slot[2], index)
     kk, v, slot = kc[slot[2]], vc[slot[2]], (kc, vc)
-  hook = None
-  if intervention is not None and intervention.attn_weights is not None:
-    hook = lambda w: intervention.attn_weights(w, layer)
-  if attention_fn is not None:
+  hooks = hooks or Intervention()
+  if hooks.attention is not None:
     if heads_major:
       kk, v = jnp.swapaxes(kk, 1, 2), jnp.swapaxes(v, 1, 2)
-    out, w = attention_fn(q, kk.astype(dt), v.astype(dt), mask_BTS), None
+    out, w = hooks.attention(q, kk.astype(dt), v.astype(dt), frame.mask), None
   else:
-    out, w = attn_lib.attention(q, kk.astype(dt), v.astype(dt), mask_BTS, weights_hook=hook, heads_major=heads_major)
+    hook = None if hooks.attn_weights is None else lambda w: hooks.attn_weights(w, layer)
+    out, w = attn_lib.attention(q, kk.astype(dt), v.astype(dt), frame.mask, weights_hook=hook,
+                                heads_major=heads_major)
   return layers.linear(p["o"], out.reshape(b, t, h * k), dt), w, slot
 
 
-def block(p, x_BTD, cos, sin, mask_BTS, cfg: Config, slot, index, layer, intervention, attention_fn):
-  """One decoder layer on the residual stream (params `p` of one layer; rotary tables and mask from
-  `positions_and_mask`): (x, attention update, MLP update, attention weights, cache slot). `forward` scans it;
-  the unrolled decode path and layer programs call it per layer."""
+def block(p, x_BTD, frame: Frame, cfg: Config, slot=None, index=None, layer=0, hooks: Intervention | None = None):
+  """One decoder layer on the residual stream (params `p` of one layer): (x, attention update, MLP update,
+  attention weights, cache slot). `slot` is None or (k cache [P,B,G,S,K], v cache, slot index), written at
+  `index`; `layer` is what the hooks see."""
   eps = cfg.norm_eps
   inp = x_BTD if cfg.post_norm else layers.rms_norm(p["attn_norm"], x_BTD, eps)
-  a, w, slot = _attention(p["attn"], inp, cos, sin, mask_BTS, cfg, slot, index, layer, intervention, attention_fn)
+  a, w, slot = _attention(p["attn"], inp, frame, cfg, slot, index, layer, hooks)
   if cfg.post_norm:
     a = layers.rms_norm(p["post_attn_norm"], a, eps)
-  if intervention is not None and intervention.attn_update is not None:
-    a = intervention.attn_update(a, layer).astype(a.dtype)
+  if hooks is not None and hooks.attn_update is not None:
+    a = hooks.attn_update(a, layer).astype(a.dtype)
   x_BTD = x_BTD + a
   inp = x_BTD if cfg.post_norm else layers.rms_norm(p["mlp_norm"], x_BTD, eps)
   m = layers.mlp(p["mlp"], inp, cfg.activation, jnp.dtype(cfg.dtype))
@@ -239,8 +251,8 @@ def _check_program(program, cfg: Config):
   return prog
 
 
-def positions_and_mask(cfg: Config, valid_BT, cache=None, positions_BT=None, attn_mask_BTS=None):
-  """(k_pos [B, S], mask [B, T, S], rotary cos, sin) of a forward pass, as `forward` computes them.
+def positions_and_mask(cfg: Config, valid_BT, cache=None, positions_BT=None, attn_mask_BTS=None) -> Frame:
+  """Frame(k_pos [B, S], mask [B, T, S], rotary cos, sin) of a forward pass.
 
   Positions default to the cumulative count of real tokens (left padding aware), continuing after the cache's
   last written position; `k_pos` is the keys' positions (-1: never attended), the cache's with this step's
@@ -265,16 +277,125 @@ def positions_and_mask(cfg: Config, valid_BT, cache=None, positions_BT=None, att
     mask &= attn_mask_BTS
   seq_len = jnp.max(k_pos) + 1 if cfg.rope.type == "dynamic" else None
   cos, sin = rope_lib.cos_sin(cfg.rope, cfg.kdim, cfg.max_position_embeddings, positions_BT, seq_len)
-  return k_pos, mask, cos, sin
+  return Frame(k_pos, mask, cos, sin)
+
+
+def embed(params, tokens_BT, cfg: Config, inputs_embeds_BTD=None):
+  """The residual stream's input x_BTD: the tokens' embeddings, or `inputs_embeds_BTD` where given."""
+  dt = jnp.dtype(cfg.dtype)
+  return layers.embed(params["embed"], tokens_BT, dt) if inputs_embeds_BTD is None else inputs_embeds_BTD.astype(dt)
+
+
+def head(params, x_BTD, cfg: Config):
+  """(h_BTD after the final norm, logits_BTV) of the residual stream after the last layer."""
+  dt = jnp.dtype(cfg.dtype)
+  h = layers.rms_norm(params["final_norm"], x_BTD, cfg.norm_eps)
+  if "lm_head" in params:
+    return h, layers.linear(params["lm_head"], h, dt)
+  return h, layers.unembed(params["embed"], h, dt)
+
+
+def stack(layers_p, x_BTD, frame: Frame, cfg: Config, *, program=None, cache=None, capture: Sequence[str] = (),
+          hooks: Intervention | None = None):
+  """Runs the decoder layers on the residual stream: (x_BTD after the last position, the new (k, v) or None,
+  {name: [P, ...]} for each name of `capture`; "hidden_states" there is the stream after each position).
+
+  Args:
+    layers_p: the layers' params stacked on a leading axis, run under `jax.lax.scan` (`cfg.remat`: each
+      position rematerialized); or a tuple of per-layer trees, run as an unrolled loop: inside a decode loop
+      each matmul then reads its loop-invariant weights directly, where the scan's dynamic slice copies every
+      layer's weights (and cache slot) on every step.
+    frame: from `positions_and_mask`.
+    program: None (every layer once, in order) or int [P] layer indices, stacked params only. A concrete
+      program without NOOP (-1) entries has its layers' params gathered once; otherwise (traced: one compile
+      for every program of one length) each position reads its layer by a dynamic index, and a NOOP position
+      leaves the stream and the cache unchanged (its other captures are zeros).
+    cache: None or {"k", "v", "index"}: k/v [P, B, G, S, K] with stacked params, tuples of P per-layer
+      [B, G, S, K] arrays with a tuple; this pass's keys and values are written at `index`.
+    capture: names of CAPTURES.
+    hooks: the hook points inside every block.
+  """
+  unknown = set(capture) - set(CAPTURES)
+  if unknown:
+    raise ValueError(f"unknown capture {sorted(unknown)}; expected a subset of {CAPTURES}")
+  if hooks is not None and hooks.attention is not None and ("attn_weights" in capture or
+                                                            hooks.attn_weights is not None):
+    raise ValueError("an attention hook does not expose attention weights: drop the 'attn_weights' capture and "
+                     "the attn_weights hook")
+  index = None if cache is None else cache["index"]
+
+  def run(p, x, kv, layer, pos):  # one executed position
+    x, a, m, w, kv = block(p, x, frame, cfg, None if kv is None else (*kv, pos), index, layer, hooks)
+    ys = {"attn_updates": a, "mlp_updates": m, "attn_weights": w}
+    return x, kv, {k: v for k, v in ys.items() if k in capture}
+
+  def with_state(x, ys):
+    return {**ys, "hidden_states": x} if "hidden_states" in capture else ys
+
+  if isinstance(layers_p, (tuple, list)):
+    if program is not None:
+      raise ValueError("a program needs the layers' params stacked, found a tuple of per-layer trees")
+    if cache is not None and len(cache["k"]) != len(layers_p):
+      raise ValueError(f"cache has {len(cache['k'])} per-layer slots but {len(layers_p)} layers are executed")
+    ks, vs, per_layer = [], [], []
+    for i, p in enumerate(layers_p):
+      kv = None if cache is None else (cache["k"][i][None], cache["v"][i][None])  # a one-slot cache
+      x_BTD, kv, ys = run(p, x_BTD, kv, i, 0)
+      per_layer.append(with_state(x_BTD, ys))
+      if kv is not None:
+        ks.append(kv[0][0])
+        vs.append(kv[1][0])
+    ys = {k: jnp.stack([y[k] for y in per_layer]) for k in per_layer[0]}
+    return x_BTD, None if cache is None else (tuple(ks), tuple(vs)), ys
+
+  try:
+    prog = None if program is None else np.asarray(program, np.int32)
+  except jax.errors.TracerArrayConversionError:
+    prog = None
+  dynamic = program is not None and (prog is None or prog.min() < 0)
+  if program is None:
+    layer_ids = jnp.arange(cfg.n_layers, dtype=jnp.int32)
+  else:
+    layer_ids = jnp.asarray(program, jnp.int32)
+    if not dynamic:
+      layers_p = jax.tree.map(lambda a: a[layer_ids], layers_p)
+  n = layer_ids.shape[0]
+  if cache is not None and cache["k"].shape[0] != n:
+    raise ValueError(f"cache has {cache['k'].shape[0]} slots but {n} layer positions are executed")
+
+  def body(carry, xs):  # the cache rides in the carry: each position writes its new entries in place
+    x, kv = carry
+    if dynamic:
+      layer, pos = xs
+      idx = jnp.maximum(layer, 0)
+      p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, idx, keepdims=False), layers_p)
+      step = lambda x, kv: run(p, x, kv, idx, pos)
+
+      def noop(x, kv):
+        zeros = jax.eval_shape(step, x, kv)[2]
+        return x, kv, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+      x, kv, ys = jax.lax.cond(layer >= 0, step, noop, x, kv)
+    else:
+      p, layer, pos = xs
+      x, kv, ys = run(p, x, kv, layer, pos)
+    return (x, kv), with_state(x, ys)
+
+  if cfg.remat:
+    body = jax.checkpoint(body, prevent_cse=False)
+  kv = None if cache is None else (cache["k"], cache["v"])
+  pos = None if dynamic and cache is None else jnp.arange(n, dtype=jnp.int32)  # the cache slot of each position
+  (x_BTD, kv), ys = jax.lax.scan(body, (x_BTD, kv), (layer_ids, pos) if dynamic else (layers_p, layer_ids, pos))
+  return x_BTD, kv, ys
 
 
 def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask_BT=None, attn_mask_BTS=None,
             cache=None, program: Sequence[int] | None = None, capture: Sequence[str] = (),
-            intervention: Intervention | None = None, inputs_embeds_BTD=None,
-            attention_fn: Callable | None = None) -> Output:
-  """Runs the LM.
+            intervention: Intervention | None = None, inputs_embeds_BTD=None) -> Output:
+  """Runs the LM: `embed`, `positions_and_mask`, `stack`, `head`.
 
   Args:
+    params: from `init` (or with `layers` as a tuple of per-layer trees, `sampling.split_layers`, and then a
+      cache whose k/v are tuples of per-layer arrays, `sampling.layer_list_cache`).
     tokens_BT: int token ids (ignored where `inputs_embeds_BTD` is given).
     positions_BT: rotary positions; default: cumulative count of unmasked tokens (left padding aware), offset
       by the cache's write index when decoding.
@@ -283,56 +404,20 @@ def forward(params, tokens_BT, cfg: Config, *, positions_BT=None, attention_mask
     cache: a KV cache from `init_cache`; the new keys/values are written at `cache["index"]`.
     program: layer indices to execute in order (None: 0..n_layers-1).
     capture: any of "hidden_states", "attn_updates", "mlp_updates", "attn_weights".
-    intervention: hooks replacing attention weights or the attention update.
+    intervention: hooks inside every block (attention weights, attention update, the attention itself).
     inputs_embeds_BTD: embeddings to use instead of looking up `tokens_BT` (e.g. a VLM's spliced sequence).
-    attention_fn: fn(q_BTHK, k_BSGK, v_BSGK, mask_BTS) -> out_BTHK in place of the softmax attention, e.g. a
-      fused kernel that knows the mask's structure (`kernels.spec_verify`); k/v include the cache.
   """
-  unknown = set(capture) - set(CAPTURES)
-  if unknown:
-    raise ValueError(f"unknown capture {sorted(unknown)}; expected a subset of {CAPTURES}")
-  if attention_fn is not None and ("attn_weights" in capture or
-                                   (intervention is not None and intervention.attn_weights is not None)):
-    raise ValueError("attention_fn does not expose attention weights: drop the 'attn_weights' capture and the "
-                     "attn_weights intervention")
-  dt = jnp.dtype(cfg.dtype)
-  x = layers.embed(params["embed"], tokens_BT, dt) if inputs_embeds_BTD is None else inputs_embeds_BTD.astype(dt)
+  x = embed(params, tokens_BT, cfg, inputs_embeds_BTD)
   b, t = x.shape[:2]
   valid_BT = (jnp.ones((b, t), bool) if attention_mask_BT is None else attention_mask_BT.astype(bool))
-  index = None if cache is None else cache["index"]
-  k_pos, mask, cos, sin = positions_and_mask(cfg, valid_BT, cache, positions_BT, attn_mask_BTS)
-
-  lp = params["layers"]
-  if program is None:
-    layer_ids = jnp.arange(cfg.n_layers, dtype=jnp.int32)
-  else:
-    layer_ids = jnp.asarray(_check_program(program, cfg))
-    lp = jax.tree.map(lambda a: a[layer_ids], lp)
-  n = layer_ids.shape[0]
-  if cache is not None and cache["k"].shape[0] != n:
-    raise ValueError(f"cache has {cache['k'].shape[0]} slots but {n} layer positions are executed")
-
-  def body(carry, xs):  # the cache rides in the carry: each layer writes its new entries in place
-    x, kc, vc = carry
-    p, layer, pos = xs
-    slot = None if kc is None else (kc, vc, pos)
-    x, a, m, w, slot = block(p, x, cos, sin, mask, cfg, slot, index, layer, intervention, attention_fn)
-    ys = {"hidden_states": x, "attn_updates": a, "mlp_updates": m, "attn_weights": w}
-    return (x, *((None, None) if slot is None else slot)), {k: v for k, v in ys.items() if k in capture}
-
-  if cfg.remat:
-    body = jax.checkpoint(body, prevent_cse=False)
-  kc, vc = (None, None) if cache is None else (cache["k"], cache["v"])
-  (x_final, kc, vc), ys = jax.lax.scan(body, (x, kc, vc), (lp, layer_ids, jnp.arange(n, dtype=jnp.int32)))
-  h = layers.rms_norm(params["final_norm"], x_final, cfg.norm_eps)
-  if "lm_head" in params:
-    logits = layers.linear(params["lm_head"], h, dt)
-  else:
-    logits = layers.unembed(params["embed"], h, dt)
-
+  frame = positions_and_mask(cfg, valid_BT, cache, positions_BT, attn_mask_BTS)
+  prog = None if program is None else _check_program(program, cfg)
+  x_final, kv, ys = stack(params["layers"], x, frame, cfg, program=prog, cache=cache, capture=capture,
+                          hooks=intervention)
+  h, logits = head(params, x_final, cfg)
   new_cache = None
   if cache is not None:
-    new_cache = {"k": kc, "v": vc, "pos": k_pos, "index": index + t}
+    new_cache = {"k": kv[0], "v": kv[1], "pos": frame.k_pos, "index": cache["index"] + t}
   hs = None
   if "hidden_states" in capture:
     hs = jnp.concatenate([x[None], ys["hidden_states"][:-1], h[None]], axis=0)

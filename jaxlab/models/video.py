@@ -9,34 +9,37 @@ Axes: B batch, F frames, H/W image, C channels, P patch tokens per frame, E widt
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab import choices
 from jaxlab.models import multimodal as mm
 from jaxlab.models import vit
 from jaxlab.nn import axes, layers
 
-TEMPORAL = ("learned", "sinusoidal", "none")
+Temporal = Literal["learned", "sinusoidal", "none"]
+TEMPORAL = choices.values(Temporal)
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   features: mm.VitFeatures = mm.VitFeatures()
   n_frames: int = 4
-  temporal: str = "learned"
+  temporal: Temporal = "learned"
   spatial_pool: int = 1  # average-pool stride over the patch grid (1: none)
   init_std: float = 0.02
-  param_dtype: str = "float32"
+  param_dtype: layers.DType = "float32"
 
   def __post_init__(self):
     def bad(msg):
       raise ValueError(f"video.Config: {msg}")
     if self.n_frames <= 0:
       bad(f"n_frames must be positive, found {self.n_frames}")
-    if self.temporal not in TEMPORAL:
-      bad(f"temporal must be one of {TEMPORAL}, found {self.temporal!r}")
+    layers.check_dtype_names(self, bad, names=("param_dtype",))
+    choices.check(self, bad, nested=False)
     if self.temporal == "sinusoidal" and self.width % 2:
       bad(f"the sinusoidal temporal position needs an even width, found {self.width}")
     g = self.features.vision.grid
@@ -45,7 +48,6 @@ class Config:
     if self.spatial_pool > 1 and self.features.n_tokens != self.features.vision.n_patches:
       bad("spatial_pool > 1 pools the patch grid: the features must be the patches only (feature_select='default', "
           "no register tokens)")
-    layers.check_dtype_names(self, bad, names=("param_dtype",))
 
   @property
   def width(self) -> int:
@@ -72,7 +74,8 @@ PRESETS: dict[str, Config] = {
                                                    feature_select="full"), n_frames=16),
 }
 
-axes.register(r"temporal", ("pos", "embed"), "pos")  # a lookup table per frame, like a position embedding
+# Logical axes: the ViT's, and "temporal", a lookup table per frame like a position embedding.
+AXES = vit.AXES + axes.rules((r"temporal", ("pos", "embed"), "pos"))
 
 
 def sinusoidal(n: int, d: int) -> np.ndarray:
@@ -94,7 +97,7 @@ def init(cfg: Config, key) -> dict:
 
 def param_axes(cfg: Config):
   """Logical axis names of every parameter, as a tree shaped like `init(cfg, key)`."""
-  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))))
+  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), AXES)
 
 
 def temporal_position(params, cfg: Config):
@@ -123,4 +126,4 @@ def forward(params, frames_BFHWC, cfg: Config):
   return x.reshape(b, -1, x.shape[-1])
 
 
-VIDEO = mm.Encoder(init=init, forward=forward, width=lambda c: c.width, n_tokens=lambda c: c.n_tokens)
+VIDEO = mm.Encoder(init=init, forward=forward, width=lambda c: c.width, n_tokens=lambda c: c.n_tokens, axes=AXES)

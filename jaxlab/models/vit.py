@@ -19,12 +19,13 @@ N heads, K head dim, L layers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from jaxlab.models import transformer as _tfm  # noqa: F401  (registers the shared block axes)
+from jaxlab import choices
+from jaxlab.models import transformer as tfm
 from jaxlab.nn import attention as attn_lib
 from jaxlab.nn import axes, layers
 
@@ -40,22 +41,23 @@ class Config:
   n_layers: int = 2
   n_heads: int = 4
   d_ff: int = 128
-  activation: str = "quick_gelu"
+  activation: layers.Activation = "quick_gelu"
   norm_eps: float = 1e-5
   cls_token: bool = True
   n_registers: int = 0  # DINOv2 register tokens, placed after the class token
   patch_bias: bool = False
   qkv_bias: bool = True
   pre_norm: bool = True  # LayerNorm on the embeddings (CLIP)
-  final_norm: str = "pooled"  # "pooled" (CLIP: on the pooled class token), "sequence" (SigLIP, DINOv2), "none"
-  pool: str = "cls"  # "cls" | "map" (SigLIP attention-pooling head) | "none"
+  final_norm: Literal["pooled", "sequence", "none"] = "pooled"  # "pooled": CLIP's, on the pooled class token;
+  # "sequence": SigLIP's and DINOv2's, on every token
+  pool: Literal["cls", "map", "none"] = "cls"  # "map": SigLIP's attention-pooling head
   layer_scale: bool = False  # DINOv2 per-channel scales on the attention and MLP outputs
   layer_scale_init: float = 1.0
   mask_token: bool = False  # DINOv2 checkpoints carry a (here unused) mask token
   unit_dims: bool = False  # class token [1, 1, D] and position table [1, S, D] (DINOv2) instead of [D], [S, D]
   init_std: float = 0.02
-  param_dtype: str = "float32"
-  dtype: str = "float32"
+  param_dtype: layers.DType = "float32"
+  dtype: layers.DType = "float32"
   remat: bool = False
 
   def __post_init__(self):
@@ -68,12 +70,8 @@ class Config:
       bad(f"patch_size ({self.patch_size}) must not exceed image_size ({self.image_size})")
     if self.d_model % self.n_heads:
       bad(f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})")
-    if self.activation not in layers.ACTIVATIONS:
-      bad(f"activation must be one of {sorted(layers.ACTIVATIONS)}, found {self.activation!r}")
-    if self.final_norm not in ("pooled", "sequence", "none"):
-      bad(f"final_norm must be 'pooled', 'sequence' or 'none', found {self.final_norm!r}")
-    if self.pool not in ("cls", "map", "none"):
-      bad(f"pool must be 'cls', 'map' or 'none', found {self.pool!r}")
+    layers.check_dtype_names(self, bad)
+    choices.check(self, bad, nested=False)
     if self.pool == "cls" and not self.cls_token:
       bad("pool='cls' needs cls_token=True")
     if self.final_norm == "pooled" and self.pool != "cls":
@@ -81,7 +79,6 @@ class Config:
     if self.n_registers < 0 or (self.n_registers and not self.cls_token):
       bad(f"register tokens follow the class token: need cls_token=True and n_registers >= 0, found "
           f"cls_token={self.cls_token}, n_registers={self.n_registers}")
-    layers.check_dtype_names(self, bad)
 
   @property
   def kdim(self) -> int:
@@ -144,10 +141,10 @@ PRESETS: dict[str, Config] = {
                                      d_ff=3072, n_registers=4),
 }
 
-# Logical axes of the ViT-only params; the block names shared with the decoder (attn/q, mlp/up, norms) are
-# registered by jaxlab.models.transformer. The patch kernel keeps the convolution layout [D, C, p, p] (its fan-in
-# spans three axes, so none is registered); the singleton leading dims of `unit_dims` tables are named "layers".
-for _pat, _names, _fan_in in [
+# Logical axes of every parameter: the block names shared with the decoder (attn/q, mlp/up, norms) are
+# transformer's, then the ViT-only params. The patch kernel keeps the convolution layout [D, C, p, p] (its fan-in
+# spans three axes, so none is named); the singleton leading dims of `unit_dims` tables are named "layers".
+AXES = tfm.AXES + axes.rules(
     (r"patch_embed/kernel", ("embed", "patch", "patch", "patch"), None),
     (r"patch_embed/bias", ("embed",), None),
     (r"(cls_token|mask_token|head/probe)", ("embed",), None),
@@ -156,8 +153,7 @@ for _pat, _names, _fan_in in [
     (r"(attn_layer_scale|mlp_layer_scale)", ("embed",), None),
     (r"attn/qkv/kernel", ("embed", "q_heads"), "embed"),
     (r"attn/qkv/bias", ("q_heads",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def init(cfg: Config, key) -> dict:
@@ -200,7 +196,7 @@ def init(cfg: Config, key) -> dict:
 
 def param_axes(cfg: Config):
   """Logical axis names of every parameter, as a tree shaped like `init(cfg, key)`."""
-  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))))
+  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), AXES)
 
 
 class Output(NamedTuple):

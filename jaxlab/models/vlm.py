@@ -26,6 +26,7 @@ import optax
 from jaxlab.models import multimodal
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vit
+from jaxlab.nn import layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +35,9 @@ class Config:
   text: tfm.Config = tfm.PRESETS["tiny"]
   image_token_id: int = 3
   feature_layers: tuple[int, ...] = (-2,)
-  feature_select: str = "default"  # "default": drop the first (class) token; "full": keep every token
+  feature_select: multimodal.FeatureSelect = "default"
   connector_hidden: int | None = None  # None: the LM width (LLaVA)
-  connector_activation: str = "gelu"
+  connector_activation: layers.Activation = "gelu"
   connector_bias: bool = True
 
   def __post_init__(self):
@@ -85,6 +86,9 @@ class Config:
       kw["vision"] = kw.get("vision", self.vision).replace(param_dtype=dt)
       kw["text"] = kw.get("text", self.text).replace(param_dtype=dt)
     return dataclasses.replace(self, **kw)
+
+
+AXES = vit.AXES + multimodal.AXES  # logical axes of the vision tower, the LM and the connector
 
 
 def _as_multimodal(params) -> dict:

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.models import transformer as _tfm  # noqa: F401  (registers the shared block axes)
+from jaxlab.models import transformer as tfm
 from jaxlab.nn import attention as attn_lib
 from jaxlab.nn import axes, layers
 
@@ -41,8 +41,8 @@ class Config:
   max_target_positions: int = 448
   norm_eps: float = 1e-5
   init_std: float = 0.02
-  param_dtype: str = "float32"
-  dtype: str = "float32"  # compute dtype
+  param_dtype: layers.DType = "float32"
+  dtype: layers.DType = "float32"  # compute dtype
 
   def __post_init__(self):
     def bad(msg):
@@ -91,7 +91,7 @@ PRESETS: dict[str, Config] = {
     "large-v3": _whisper(1280, 32, 20, vocab=51866, n_mels=128),
 }
 
-for _pat, _names, _fan_in in [
+AXES = tfm.AXES + axes.rules(
     (r"conv(1|2)/kernel", ("conv_width", "conv_in", "embed"), "conv_in"),
     (r"conv(1|2)/bias", ("embed",), None),
     (r"pos_embed", ("pos", "embed"), "pos"),
@@ -102,8 +102,7 @@ for _pat, _names, _fan_in in [
     (r"cross_attn/v/bias", ("kv_heads",), None),
     (r"cross_attn/o/bias", ("embed",), None),
     (r"cross_norm/(scale|bias)", ("embed",), None),
-]:
-  axes.register(_pat, _names, _fan_in)
+)
 
 
 def sinusoids(length: int, channels: int, max_timescale: float = 10000.0) -> np.ndarray:
@@ -146,7 +145,7 @@ def init(cfg: Config, key) -> dict:
 
 def param_axes(cfg: Config):
   """Logical axis names of every parameter, as a tree shaped like `init(cfg, key)`."""
-  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))))
+  return axes.logical_axes(jax.eval_shape(lambda: init(cfg, jax.random.key(0))), AXES)
 
 
 def _conv(p, x_BTC, stride: int, dt):

@@ -5,11 +5,16 @@ dims are stacked layers); norms compute in fp32 and cast back to the input dtype
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import jax
 import jax.numpy as jnp
 
+from jaxlab import choices
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DType = Literal["float32", "bfloat16", "float16"]  # a config's param / compute dtype, by name
+DTYPE_NAMES = choices.values(DType)
+Activation = Literal["silu", "gelu", "gelu_tanh", "quick_gelu", "relu"]  # the keys of ACTIVATIONS
 
 
 def check_dtype_names(cfg, fail, names=("param_dtype", "dtype")) -> None:
@@ -91,6 +96,7 @@ ACTIVATIONS = {
     "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
     "relu": jax.nn.relu,
 }
+choices.same(ACTIVATIONS, Activation)
 
 
 def mlp_init(key, d: int, f: int, *, gated: bool = True, bias: bool = False, std: float = 0.02,

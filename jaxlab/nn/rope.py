@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal
 
 import jax.numpy as jnp
 import numpy as np
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+from jaxlab import choices
+
+RopeType = Literal["default", "linear", "dynamic", "llama3", "yarn"]
+ROPE_TYPES = choices.values(RopeType)
 
 
 @dataclasses.dataclass(frozen=True)
 class Rope:
-  type: str = "default"
+  type: RopeType = "default"
   theta: float = 10000.0
   factor: float = 1.0
   partial_rotary_factor: float = 1.0
@@ -34,8 +38,7 @@ class Rope:
   truncate: bool = True
 
   def __post_init__(self):
-    if self.type not in ROPE_TYPES:
-      raise ValueError(f"unknown rope type {self.type!r}; expected one of {ROPE_TYPES}")
+    choices.check(self, prefix="rope.")
 
   @classmethod
   def from_hf(cls, d: dict | None, theta: float | None = None) -> "Rope":

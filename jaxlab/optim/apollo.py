@@ -16,16 +16,19 @@ scale 128, tensor). Stacked layers [L, in, out] are projected, scaled and limite
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxlab import choices
 from jaxlab.optim.galore import choose_side, is_low_rank_target, project, step_then_decay, to_out_in, unzip
+from jaxlab.nn.axes import Rules
 from jaxlab.optim.scale import ParamInfo, ScalarOrSchedule, label_tree, param_info, scale_by_adam_ref
 
-SCALE_TYPES = ("channel", "tensor")
+ScaleType = Literal["channel", "tensor"]
+SCALE_TYPES = choices.values(ScaleType)
 
 
 def random_projection(seed: int, leaf_index: int, refresh, shape, rank: int):
@@ -51,17 +54,19 @@ class ApolloState(NamedTuple):
   norm: optax.Updates  # previous limited update norm, one per matrix (per stacked layer)
 
 
-def scale_by_apollo(rank: int = 256, update_proj_gap: int = 200, scale: float = 1.0, scale_type: str = "channel",
-                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, norm_growth_limit: float | None = 1.01,
-                    seed: int = 0) -> optax.GradientTransformation:
-  """The APOLLO direction (before the learning rate) for every leaf it sees (all must be 2-D + stacked)."""
+def scale_by_apollo(rank: int = 256, update_proj_gap: int = 200, scale: float = 1.0,
+                    scale_type: ScaleType = "channel", b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+                    norm_growth_limit: float | None = 1.01, seed: int = 0, *,
+                    axes: Rules) -> optax.GradientTransformation:
+  """The APOLLO direction (before the learning rate) for every leaf it sees (all must be 2-D + stacked); `axes`
+  are the params' logical axis rules."""
   if scale_type not in SCALE_TYPES:
     raise ValueError(f"scale_type must be one of {SCALE_TYPES}, found {scale_type!r}")
   if rank < 1 or update_proj_gap < 1:
     raise ValueError(f"rank and update_proj_gap must be >= 1, found {rank} and {update_proj_gap}")
 
   def init_fn(params):
-    infos = param_info(params)
+    infos = param_info(params, axes)
     low = lambda x, i: jnp.zeros(_layout(x.shape, i, rank)[3], x.dtype)
     mu = jax.tree.map(low, params, infos)
     norm = jax.tree.map(lambda x: jnp.zeros(x.shape[:-2], jnp.float32), params)
@@ -69,7 +74,7 @@ def scale_by_apollo(rank: int = 256, update_proj_gap: int = 200, scale: float = 
 
   def update_fn(updates, state, params=None):
     del params
-    infos = param_info(updates)
+    infos = param_info(updates, axes)
     count = optax.safe_increment(state.count)
     t = count.astype(jnp.float32)
     step = jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
@@ -108,14 +113,15 @@ def scale_by_apollo(rank: int = 256, update_proj_gap: int = 200, scale: float = 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def apollo(learning_rate: ScalarOrSchedule, *, rank: int = 256, update_proj_gap: int = 200, scale: float = 1.0,
-           scale_type: str = "channel", b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+def apollo(learning_rate: ScalarOrSchedule, *, axes: Rules, rank: int = 256, update_proj_gap: int = 200,
+           scale: float = 1.0, scale_type: str = "channel", b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
            weight_decay: float = 0.0, norm_growth_limit: float | None = 1.01, seed: int = 0,
            project: Callable[[ParamInfo], bool] | None = None) -> optax.GradientTransformation:
-  """APOLLO-AdamW over any registered param tree.
+  """APOLLO-AdamW over any param tree its axis rules cover.
 
   Args:
     learning_rate: a float or an optax schedule.
+    axes: the params' logical axis rules (e.g. `tfm.AXES`): which leaves are matrices, and their fan-in axes.
     rank: rank r of the random projection (clipped to the matrix's smaller side).
     update_proj_gap: T, steps between redraws of the projection.
     scale: the update is multiplied by sqrt(scale) (reference semantics).
@@ -127,14 +133,14 @@ def apollo(learning_rate: ScalarOrSchedule, *, rank: int = 256, update_proj_gap:
     project: predicate on `ParamInfo` choosing projected params (default: hidden matrices, no vocab axis).
   """
   project = project or is_low_rank_target
-  labels = lambda params: label_tree(params, lambda i: "low_rank" if project(i) else "adam")
+  labels = lambda params: label_tree(params, lambda i: "low_rank" if project(i) else "adam", axes)
   return optax.chain(
       optax.partition({"low_rank": scale_by_apollo(rank, update_proj_gap, scale, scale_type, b1, b2, eps,
-                                                   norm_growth_limit, seed),
+                                                   norm_growth_limit, seed, axes=axes),
                        "adam": scale_by_adam_ref(b1, b2, eps)}, labels),
       step_then_decay(learning_rate, weight_decay))
 
 
-def apollo_mini(learning_rate: ScalarOrSchedule, **kw) -> optax.GradientTransformation:
+def apollo_mini(learning_rate: ScalarOrSchedule, *, axes: Rules, **kw) -> optax.GradientTransformation:
   """APOLLO-Mini: rank 1, tensor-wise scaling, scale 128 (override any of them through kw)."""
-  return apollo(learning_rate, **{"rank": 1, "scale_type": "tensor", "scale": 128.0, **kw})
+  return apollo(learning_rate, axes=axes, **{"rank": 1, "scale_type": "tensor", "scale": 128.0, **kw})

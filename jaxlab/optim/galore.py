@@ -14,15 +14,18 @@ Stacked layers [L, in, out] are projected per layer. Defaults: rank 128, update_
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from jaxlab import choices
+from jaxlab.nn.axes import Rules
 from jaxlab.optim.scale import ParamInfo, ScalarOrSchedule, label_tree, param_info, scale_by_adam_ref
 
-PROJ_TYPES = ("std", "left", "right")
+ProjType = Literal["std", "left", "right"]
+PROJ_TYPES = choices.values(ProjType)
 
 
 def is_low_rank_target(info: ParamInfo) -> bool:
@@ -87,16 +90,18 @@ def _shapes(x, info: ParamInfo, rank: int, proj_type: str):
   return side, r, q, low
 
 
-def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: float = 0.25, proj_type: str = "std",
-                    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6) -> optax.GradientTransformation:
-  """The GaLore direction (before the learning rate) for every leaf it sees (all must be 2-D + stacked)."""
+def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: float = 0.25,
+                    proj_type: ProjType = "std", b1: float = 0.9, b2: float = 0.999,
+                    eps: float = 1e-6, *, axes: Rules) -> optax.GradientTransformation:
+  """The GaLore direction (before the learning rate) for every leaf it sees (all must be 2-D + stacked); `axes`
+  are the params' logical axis rules."""
   if proj_type not in PROJ_TYPES:
     raise ValueError(f"proj_type must be one of {PROJ_TYPES}, found {proj_type!r}")
   if rank < 1 or update_proj_gap < 1:
     raise ValueError(f"rank and update_proj_gap must be >= 1, found {rank} and {update_proj_gap}")
 
   def init_fn(params):
-    infos = param_info(params)
+    infos = param_info(params, axes)
     def zeros(x, info, which):
       shape = _shapes(x, info, rank, proj_type)[2 if which == "q" else 3]
       return jnp.zeros(shape, jnp.float32 if which == "q" else x.dtype)
@@ -105,7 +110,7 @@ def scale_by_galore(rank: int = 128, update_proj_gap: int = 200, scale: float = 
 
   def update_fn(updates, state, params=None):
     del params
-    infos = param_info(updates)
+    infos = param_info(updates, axes)
     count = optax.safe_increment(state.count)
     t = count.astype(jnp.float32)
     step = jnp.sqrt(1 - b2 ** t) / (1 - b1 ** t)
@@ -146,13 +151,15 @@ def step_then_decay(learning_rate: ScalarOrSchedule, weight_decay: float) -> opt
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def galore(learning_rate: ScalarOrSchedule, *, rank: int = 128, update_proj_gap: int = 200, scale: float = 0.25,
-           proj_type: str = "std", b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6, weight_decay: float = 0.0,
+def galore(learning_rate: ScalarOrSchedule, *, axes: Rules, rank: int = 128, update_proj_gap: int = 200,
+           scale: float = 0.25, proj_type: str = "std", b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+           weight_decay: float = 0.0,
            project: Callable[[ParamInfo], bool] | None = None) -> optax.GradientTransformation:
-  """GaLore-AdamW over any registered param tree.
+  """GaLore-AdamW over any param tree its axis rules cover.
 
   Args:
     learning_rate: a float or an optax schedule.
+    axes: the params' logical axis rules (e.g. `tfm.AXES`): which leaves are matrices, and their fan-in axes.
     rank: projection rank r (clipped to the matrix's smaller side).
     update_proj_gap: T, steps between SVD refreshes of the projector.
     scale: alpha, multiplies the back-projected step.
@@ -162,8 +169,9 @@ def galore(learning_rate: ScalarOrSchedule, *, rank: int = 128, update_proj_gap:
     project: predicate on `ParamInfo` choosing projected params (default `is_low_rank_target`).
   """
   project = project or is_low_rank_target
-  labels = lambda params: label_tree(params, lambda i: "low_rank" if project(i) else "adam")
+  labels = lambda params: label_tree(params, lambda i: "low_rank" if project(i) else "adam", axes)
   return optax.chain(
-      optax.partition({"low_rank": scale_by_galore(rank, update_proj_gap, scale, proj_type, b1, b2, eps),
+      optax.partition({"low_rank": scale_by_galore(rank, update_proj_gap, scale, proj_type, b1, b2, eps,
+                                                   axes=axes),
                        "adam": scale_by_adam_ref(b1, b2, eps)}, labels),
       step_then_decay(learning_rate, weight_decay))

@@ -32,20 +32,21 @@ def tree_bytes(tree) -> int:
   return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-def _optimizer(optimizer) -> optax.GradientTransformation:
+def _optimizer(optimizer, axes) -> optax.GradientTransformation:
   if isinstance(optimizer, str):
-    return registry.get(optimizer, 1e-3)
+    return registry.get(optimizer, 1e-3, axes=axes)
   return optimizer
 
 
-def state_bytes(optimizer, params_shapes) -> int:
+def state_bytes(optimizer, params_shapes, axes=tfm.AXES) -> int:
   """Bytes of the optimizer state for params of these shapes.
 
   Args:
     optimizer: an optax GradientTransformation, or a name of `jaxlab.optim.names()` (default hyperparameters).
     params_shapes: a param tree of arrays or jax.ShapeDtypeStructs.
+    axes: the params' logical axis rules, for an optimizer given by name (default: the transformer's).
   """
-  return tree_bytes(jax.eval_shape(_optimizer(optimizer).init, params_shapes))
+  return tree_bytes(jax.eval_shape(_optimizer(optimizer, axes).init, params_shapes))
 
 
 def param_shapes(cfg, param_dtype=None):

@@ -3,7 +3,7 @@
 Hidden matrices (two dims besides the stacked "layers" axes, no "vocab" axis) get Nesterov momentum (beta 0.95),
 orthogonalized by 5 quintic Newton-Schulz steps (coefficients 3.4445, -4.7750, 2.0315, after scaling to unit
 Frobenius norm) and rescaled by sqrt(max(1, fan_out / fan_in)); embeddings, the LM head and vectors get AdamW.
-The fan-in (reduction) axis comes from the logical-axis registry and stacked layers are orthogonalized
+The fan-in (reduction) axis comes from the params' logical axis rules and stacked layers are orthogonalized
 separately. Uses `optax.contrib.muon` when the installed optax has it (with per-parameter dimension numbers),
 otherwise an equivalent implementation in this file.
 """
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxlab.optim.galore import is_low_rank_target
+from jaxlab.nn.axes import Rules
 from jaxlab.optim.scale import ParamInfo, ScalarOrSchedule, label_tree, param_info
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -52,9 +53,10 @@ class MuonState(NamedTuple):
   mu: optax.Updates
 
 
-def scale_by_muon(beta: float = 0.95, ns_steps: int = 5, eps: float = 1e-8,
-                  nesterov: bool = True) -> optax.GradientTransformation:
-  """Orthogonalized (Nesterov) momentum with the width rescaling, for every leaf it sees."""
+def scale_by_muon(beta: float = 0.95, ns_steps: int = 5, eps: float = 1e-8, nesterov: bool = True, *,
+                  axes: Rules) -> optax.GradientTransformation:
+  """Orthogonalized (Nesterov) momentum with the width rescaling, for every leaf it sees (`axes`: the params'
+  logical axis rules)."""
   def init_fn(params):
     return MuonState(jnp.zeros([], jnp.int32), jax.tree.map(jnp.zeros_like, params))
 
@@ -74,19 +76,20 @@ def scale_by_muon(beta: float = 0.95, ns_steps: int = 5, eps: float = 1e-8,
       o = orthogonalize(x, ns_steps, eps) * jnp.sqrt(jnp.maximum(1.0, fan_out / fan_in))
       return _to_in_out(o, info).astype(h.dtype)
 
-    return jax.tree.map(one, hat, param_info(hat)), MuonState(count, mu)
+    return jax.tree.map(one, hat, param_info(hat, axes)), MuonState(count, mu)
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def muon(learning_rate: ScalarOrSchedule, *, beta: float = 0.95, ns_steps: int = 5, nesterov: bool = True,
-         weight_decay: float = 0.0, adam_lr: ScalarOrSchedule | None = None, adam_b1: float = 0.9,
-         adam_b2: float = 0.999, eps: float = 1e-8, adam_weight_decay: float = 0.0,
+def muon(learning_rate: ScalarOrSchedule, *, axes: Rules, beta: float = 0.95, ns_steps: int = 5,
+         nesterov: bool = True, weight_decay: float = 0.0, adam_lr: ScalarOrSchedule | None = None,
+         adam_b1: float = 0.9, adam_b2: float = 0.999, eps: float = 1e-8, adam_weight_decay: float = 0.0,
          implementation: str = "auto") -> optax.GradientTransformation:
   """Muon on hidden matrices, AdamW elsewhere.
 
   Args:
     learning_rate: Muon learning rate, a float or an optax schedule.
+    axes: the params' logical axis rules (e.g. `tfm.AXES`): which leaves are matrices, and their fan-in axes.
     beta: momentum coefficient; nesterov: Nesterov momentum (also used by the AdamW part, as optax does).
     ns_steps: Newton-Schulz iterations.
     weight_decay: decoupled weight decay on Muon params (times the learning rate).
@@ -108,15 +111,15 @@ def muon(learning_rate: ScalarOrSchedule, *, beta: float = 0.95, ns_steps: int =
           return None
         out_axis = info.n_layers + (1 - (info.fan_in - info.n_layers))
         return dims(reduction_axis=info.fan_in, output_axis=out_axis)
-      return jax.tree.map(one, param_info(params), is_leaf=lambda x: isinstance(x, ParamInfo))
+      return jax.tree.map(one, param_info(params, axes), is_leaf=lambda x: isinstance(x, ParamInfo))
 
     return optax_muon(learning_rate, ns_steps=ns_steps, beta=beta, eps=eps, weight_decay=weight_decay,
                       nesterov=nesterov, adam_b1=adam_b1, adam_b2=adam_b2, adam_weight_decay=adam_weight_decay,
                       adam_learning_rate=adam_lr, muon_weight_dimension_numbers=dim_numbers)
-  labels = lambda params: label_tree(params, lambda i: "muon" if is_low_rank_target(i) else "adam")
+  labels = lambda params: label_tree(params, lambda i: "muon" if is_low_rank_target(i) else "adam", axes)
   return optax.partition({
-      "muon": optax.chain(scale_by_muon(beta, ns_steps, eps, nesterov), optax.add_decayed_weights(weight_decay),
-                          optax.scale_by_learning_rate(learning_rate)),
+      "muon": optax.chain(scale_by_muon(beta, ns_steps, eps, nesterov, axes=axes),
+                          optax.add_decayed_weights(weight_decay), optax.scale_by_learning_rate(learning_rate)),
       "adam": optax.adamw(adam_lr, b1=adam_b1, b2=adam_b2, eps=eps, weight_decay=adam_weight_decay,
                           nesterov=nesterov),
   }, labels)

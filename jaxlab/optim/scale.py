@@ -13,10 +13,11 @@ SGD on column-normalized gradients, momentum only on the last layer, AdamW on ve
   sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps).
 - decoupled weight decay p <- p (1 - lr wd) - lr u on every group (with the group's learning rate).
 
-Matrix vs vector and the fan-in axis come from the logical-axis registry (`jaxlab.nn.axes`), so any param tree
-whose paths are registered works. The bottom-up rungs of the paper's study are the variants `sgd` (raw gradient
-on matrices), `sgd_colnorm` (normalized, no momentum), `colnorm_momentum` (momentum on every matrix) and `scale`;
-all keep AdamW on vectors so they differ only in how matrices are treated.
+Matrix vs vector and the fan-in axis come from the params' logical axis rules (`axes=tfm.AXES`, see
+`jaxlab.nn.axes`), so any param tree whose paths the rules cover works. The bottom-up rungs of the paper's study
+are the variants `sgd` (raw gradient on matrices), `sgd_colnorm` (normalized, no momentum), `colnorm_momentum`
+(momentum on every matrix) and `scale`; all keep AdamW on vectors so they differ only in how matrices are
+treated.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxlab.nn import axes
+from jaxlab.nn import axes as axes_lib
 
 ScalarOrSchedule = optax.ScalarOrSchedule
 LAST_LAYER_PATTERNS = (r"(^|.*/)lm_head/kernel$", r"(^|.*/)embed/embedding$")  # in order of preference
@@ -51,19 +52,20 @@ class ParamInfo:
     return len(self.core) >= 2
 
 
-def param_info(params):
-  """Tree of `ParamInfo` shaped like `params`; matrices must have a registered fan-in axis."""
+def param_info(params, axes: axes_lib.Rules):
+  """Tree of `ParamInfo` shaped like `params`, from their logical axis rules `axes`; matrices need a fan-in axis."""
+  axes_lib.require(axes, "param_info")
   def one(p, x):
-    path = axes.path_str(p)
+    path = axes_lib.path_str(p)
     ax = axes.lookup(path, x.ndim)
     n_layers = 0
-    while n_layers < len(ax.names) and ax.names[n_layers] == axes.LAYERS:
+    while n_layers < len(ax.names) and ax.names[n_layers] == axes_lib.LAYERS:
       n_layers += 1
     fan_in = None if ax.fan_in is None else ax.names.index(ax.fan_in)
     info = ParamInfo(path, ax.names, fan_in, n_layers)
     if info.is_matrix and fan_in is None:
-      raise ValueError(f"matrix parameter {path!r} (axes {ax.names}) has no fan-in axis registered; "
-                       "pass fan_in= to jaxlab.nn.axes.register")
+      raise ValueError(f"matrix parameter {path!r} (axes {ax.names}) has no fan-in axis; give its axis rule one "
+                       "(the third entry of a jaxlab.nn.axes.rules spec)")
     return info
   return jax.tree_util.tree_map_with_path(one, params)
 
@@ -72,9 +74,9 @@ def _is_info(x) -> bool:
   return isinstance(x, ParamInfo)
 
 
-def label_tree(params, fn: Callable[[ParamInfo], str]):
+def label_tree(params, fn: Callable[[ParamInfo], str], axes: axes_lib.Rules):
   """Tree of string labels (for `optax.partition`), computed from each leaf's `ParamInfo`."""
-  return jax.tree.map(fn, param_info(params), is_leaf=_is_info)
+  return jax.tree.map(fn, param_info(params, axes), is_leaf=_is_info)
 
 
 def adam_learning_rate(learning_rate: ScalarOrSchedule, adam_lr, peak_lr) -> ScalarOrSchedule:
@@ -121,17 +123,17 @@ def column_normalize(g, fan_in: int, eps: float = 1e-8):
   return (g32 / jnp.maximum(rms, eps)).astype(g.dtype)
 
 
-def scale_by_column_norm(eps: float = 1e-8) -> optax.GradientTransformation:
-  """Stateless per-output-unit RMS normalization of every (matrix) leaf over its registered fan-in axis."""
+def scale_by_column_norm(eps: float = 1e-8, *, axes: axes_lib.Rules) -> optax.GradientTransformation:
+  """Stateless per-output-unit RMS normalization of every (matrix) leaf over its fan-in axis (from `axes`)."""
   def update_fn(updates, state, params=None):
     del params
-    infos = param_info(updates)
+    infos = param_info(updates, axes)
     return jax.tree.map(lambda g, i: column_normalize(g, i.fan_in, eps), updates, infos), state
   return optax.GradientTransformation(optax.init_empty_state, update_fn)
 
 
 def _last_layer_paths(params, last_layer) -> set[str]:
-  paths = [axes.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  paths = [axes_lib.path_str(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
   if last_layer is not None:
     return {p for p in paths if last_layer(p)}
   for pattern in LAST_LAYER_PATTERNS:
@@ -142,7 +144,9 @@ def _last_layer_paths(params, last_layer) -> set[str]:
 
 
 def _column_family(learning_rate, *, normalize: bool, momentum_on: str, adam_lr, peak_lr, momentum,
-                   weight_decay, b1, b2, eps, last_layer) -> optax.GradientTransformation:
+                   weight_decay, b1, b2, eps, last_layer, axes) -> optax.GradientTransformation:
+  axes_lib.require(axes, "the SCALE optimizer family")
+
   def labels(params):
     last = _last_layer_paths(params, last_layer) if momentum_on == "last" else set()
     def one(info: ParamInfo) -> str:
@@ -151,9 +155,9 @@ def _column_family(learning_rate, *, normalize: bool, momentum_on: str, adam_lr,
       if momentum_on == "all" or info.path in last:
         return "momentum"
       return "matrix"
-    return label_tree(params, one)
+    return label_tree(params, one, axes)
 
-  norm = [scale_by_column_norm()] if normalize else []
+  norm = [scale_by_column_norm(axes=axes)] if normalize else []
   tail = [optax.add_decayed_weights(weight_decay), optax.scale_by_learning_rate(learning_rate)]
   transforms = {
       "matrix": optax.chain(*norm, *tail),
@@ -165,13 +169,15 @@ def _column_family(learning_rate, *, normalize: bool, momentum_on: str, adam_lr,
   return optax.partition(transforms, labels)
 
 
-def scale(learning_rate: ScalarOrSchedule, *, adam_lr: float | None = None, peak_lr: float | None = None,
-          momentum: float = 0.9, weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8,
+def scale(learning_rate: ScalarOrSchedule, *, axes: axes_lib.Rules, adam_lr: float | None = None,
+          peak_lr: float | None = None, momentum: float = 0.9, weight_decay: float = 0.0, b1: float = 0.9,
+          b2: float = 0.999, eps: float = 1e-8,
           last_layer: Callable[[str], bool] | None = None) -> optax.GradientTransformation:
   """SCALE: column-normalized SGD on matrices, EMA momentum on the last layer only, AdamW on vectors.
 
   Args:
     learning_rate: matrix learning rate, a float or an optax schedule.
+    axes: the params' logical axis rules (e.g. `tfm.AXES`): which leaves are matrices, and their fan-in axes.
     adam_lr: peak learning rate of the AdamW on vectors (None: the same as learning_rate).
     peak_lr: the schedule's maximum, needed when learning_rate is a schedule and adam_lr is given
       (the vector learning rate is lr_t * adam_lr / peak_lr, as in the reference).
@@ -182,28 +188,32 @@ def scale(learning_rate: ScalarOrSchedule, *, adam_lr: float | None = None, peak
       `lm_head/kernel`, or `embed/embedding` when the tree has no lm_head (tied embeddings).
   """
   return _column_family(learning_rate, normalize=True, momentum_on="last", adam_lr=adam_lr, peak_lr=peak_lr,
-                        momentum=momentum, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, last_layer=last_layer)
+                        momentum=momentum, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, last_layer=last_layer,
+                        axes=axes)
 
 
-def colnorm_momentum(learning_rate: ScalarOrSchedule, *, adam_lr: float | None = None, peak_lr: float | None = None,
-                     momentum: float = 0.9, weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
-                     eps: float = 1e-8) -> optax.GradientTransformation:
+def colnorm_momentum(learning_rate: ScalarOrSchedule, *, axes: axes_lib.Rules, adam_lr: float | None = None,
+                     peak_lr: float | None = None, momentum: float = 0.9, weight_decay: float = 0.0,
+                     b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> optax.GradientTransformation:
   """Column-normalized EMA momentum on every matrix, AdamW on vectors (Args as in `scale`)."""
   return _column_family(learning_rate, normalize=True, momentum_on="all", adam_lr=adam_lr, peak_lr=peak_lr,
-                        momentum=momentum, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, last_layer=None)
+                        momentum=momentum, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, last_layer=None,
+                        axes=axes)
 
 
-def sgd_colnorm(learning_rate: ScalarOrSchedule, *, adam_lr: float | None = None, peak_lr: float | None = None,
-                weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
+def sgd_colnorm(learning_rate: ScalarOrSchedule, *, axes: axes_lib.Rules, adam_lr: float | None = None,
+                peak_lr: float | None = None, weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
                 eps: float = 1e-8) -> optax.GradientTransformation:
   """Column-normalized SGD without momentum on matrices, AdamW on vectors (Args as in `scale`)."""
   return _column_family(learning_rate, normalize=True, momentum_on="none", adam_lr=adam_lr, peak_lr=peak_lr,
-                        momentum=0.0, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, last_layer=None)
+                        momentum=0.0, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, last_layer=None,
+                        axes=axes)
 
 
-def sgd(learning_rate: ScalarOrSchedule, *, adam_lr: float | None = None, peak_lr: float | None = None,
-        weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
+def sgd(learning_rate: ScalarOrSchedule, *, axes: axes_lib.Rules, adam_lr: float | None = None,
+        peak_lr: float | None = None, weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
         eps: float = 1e-8) -> optax.GradientTransformation:
   """Plain SGD on matrices, AdamW on vectors (Args as in `scale`)."""
   return _column_family(learning_rate, normalize=False, momentum_on="none", adam_lr=adam_lr, peak_lr=peak_lr,
-                        momentum=0.0, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, last_layer=None)
+                        momentum=0.0, weight_decay=weight_decay, b1=b1, b2=b2, eps=eps, last_layer=None,
+                        axes=axes)

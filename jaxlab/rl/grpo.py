@@ -10,12 +10,14 @@ Axes: B = P * G sequences (prompt-major: rows p * G ... p * G + G - 1 share prom
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import jax.numpy as jnp
 
-from jaxlab import losses
+from jaxlab import choices, losses
 
-SCALES = ("std", "none")
+Scale = Literal["std", "none"]
+SCALES = choices.values(Scale)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +47,8 @@ class GRPOConfig:
   beta: float = 0.0
   clip_low: float = 0.2
   clip_high: float = 0.2
-  aggregation: str = "seq_mean"
-  scale: str = "std"
+  aggregation: losses.Aggregation = "seq_mean"
+  scale: Scale = "std"
   updates_per_batch: int = 1
   eps: float = 1e-4
 
@@ -58,10 +60,7 @@ class GRPOConfig:
         bad(f"{name} must be >= 1, found {getattr(self, name)}")
     if self.temperature <= 0:
       bad(f"temperature must be positive (RL samples), found {self.temperature}")
-    if self.aggregation not in losses.AGGREGATIONS:
-      bad(f"aggregation must be one of {losses.AGGREGATIONS}, found {self.aggregation!r}")
-    if self.scale not in SCALES:
-      bad(f"scale must be one of {SCALES}, found {self.scale!r}")
+    choices.check(self, bad, nested=False)
     if self.scale == "std" and self.group_size < 2:
       bad("scale 'std' needs group_size >= 2")
     if self.beta < 0 or self.clip_low < 0 or self.clip_high < 0:

@@ -95,7 +95,7 @@ def sample_rollout(params, cfg: tfm.Config, prompts: Sequence[Sequence[int]], ex
 
 
 def as_batch(ro: Rollout, advantages_B, ref_logp_BN=None) -> dict:
-  """The GRPO loss batch (`jaxlab.losses.grpo_terms_fn` keys) of a rollout and its advantages, as host arrays."""
+  """The GRPO loss batch (`jaxlab.losses.grpo_loss_fn` keys) of a rollout and its advantages, as host arrays."""
   batch = {"prompt": np.asarray(ro.prompt, np.int32), "prompt_mask": np.asarray(ro.prompt_mask, np.int32),
            "tokens": np.asarray(ro.tokens, np.int32), "completion_mask": np.asarray(ro.completion_mask, np.int32),
            "old_logp": np.asarray(ro.logp, np.float32), "advantages": np.asarray(advantages_B, np.float32)}

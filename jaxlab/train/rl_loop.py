@@ -19,7 +19,6 @@ import time
 from typing import Any, Callable, Iterator
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -31,7 +30,7 @@ from jaxlab.rl import rollout as rollout_lib
 from jaxlab.train import interrupt, metrics as metrics_lib
 from jaxlab.train.loop import NonFiniteError, gather_data_state, local_data_state
 from jaxlab.train.state import TrainState, as_train_state
-from jaxlab.train.step import cast_floats, jit_train_step, leaf_paths
+from jaxlab.train.step import jit_train_step, leaf_paths, make_train_step
 
 STATS = ("kl", "clip_frac", "clip_low", "clip_high", "entropy", "ratio")
 
@@ -40,36 +39,20 @@ def make_grpo_step(model_cfg: tfm.Config, gcfg: grpo_lib.GRPOConfig, tx: optax.G
                    compute_dtype=None, forward_fn=None):
   """The (unjitted) GRPO update `step(state, batch) -> (state, metrics)` on a rollout batch (`rollout.as_batch`).
 
-  The loss is `losses.grpo_terms_fn` divided by its weight; a non-finite loss or gradient leaves the state
-  untouched (as `jaxlab.train.step`). The state's rng is not advanced here: the loop draws rollout keys from it.
+  `jaxlab.train.step.make_train_step` on `losses.grpo_loss_fn`: the loss divided by its weight; a non-finite loss
+  or gradient leaves the state untouched. The state's rng is not advanced here: the loop draws rollout keys from it.
   Metrics: loss, grad_norm, weight, finite, finite_leaves and the GRPO statistics `STATS`.
   """
-  terms = losses.grpo_terms_fn(model_cfg, beta=gcfg.beta, clip_low=gcfg.clip_low, clip_high=gcfg.clip_high,
-                               aggregation=gcfg.aggregation, max_len=gcfg.max_new_tokens,
-                               temperature=gcfg.temperature, forward_fn=forward_fn)
-
-  def step(state: TrainState, batch):
-    def f(p):
-      loss_sum, weight, stats = terms(cast_floats(p, compute_dtype), batch)
-      return loss_sum, (weight, stats)
-    (loss_sum, (weight, stats)), grads = jax.value_and_grad(f, has_aux=True)(state.params)
-    weight = weight.astype(jnp.float32)
-    denom = jnp.where(weight > 0, weight, 1.0)
-    loss = loss_sum / denom
-    grads = jax.tree.map(lambda g: (g / denom).astype(g.dtype), grads)
-    finite_leaves = jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree.leaves(grads)])
-    finite = jnp.isfinite(loss) & jnp.all(finite_leaves)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new = TrainState(optax.apply_updates(state.params, updates), opt_state, state.step + 1, state.rng)
-    new = jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, state)
-    return new, dict(stats, loss=loss, grad_norm=optax.tree.norm(grads), weight=weight, finite=finite,
-                     finite_leaves=finite_leaves)
-  return step
+  loss_fn = losses.grpo_loss_fn(model_cfg, beta=gcfg.beta, clip_low=gcfg.clip_low, clip_high=gcfg.clip_high,
+                                aggregation=gcfg.aggregation, max_len=gcfg.max_new_tokens,
+                                temperature=gcfg.temperature, forward_fn=forward_fn)
+  return make_train_step(loss_fn, tx, compute_dtype=compute_dtype, advance_rng=False)
 
 
-def jit_grpo_step(step_fn, state=None, mesh=None, rules="dp"):
-  """`step_fn` jitted like `jaxlab.train.step.jit_train_step` (state donated; sharded on `mesh`)."""
-  return jit_train_step(step_fn, state, mesh, rules)
+def jit_grpo_step(step_fn, state=None, mesh=None, rules="dp", *, axes=None):
+  """`step_fn` jitted like `jaxlab.train.step.jit_train_step` (state donated; sharded on `mesh` by `rules` and the
+  params' axis rules `axes`, e.g. `tfm.AXES`)."""
+  return jit_train_step(step_fn, state, mesh, rules, axes=axes)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "temperature"))

@@ -6,9 +6,11 @@ pretraining (arXiv 2302.13971, section 2.2: cosine to 10% of the peak, 2000 warm
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal
 
 import jax.numpy as jnp
+
+from jaxlab import choices
 
 Schedule = Callable[[jnp.ndarray], jnp.ndarray]
 
@@ -74,6 +76,8 @@ def warmup_constant(peak_lr: float, total_steps: int = 1, warmup_steps: int = 0,
 
 
 SCHEDULES = {"cosine": warmup_cosine, "linear": warmup_linear, "constant": warmup_constant}
+Schedule = Literal["cosine", "linear", "constant"]  # the names of SCHEDULES, as a config field's type
+choices.same(SCHEDULES, Schedule)
 
 
 def get(name: str, peak_lr: float, total_steps: int, warmup_steps: int = 0, floor: float = 0.1) -> Schedule:

@@ -32,44 +32,49 @@ def create(params, tx: optax.GradientTransformation, seed: int = 0) -> TrainStat
   return TrainState(params, tx.init(params), jnp.zeros((), jnp.int32), jax.random.PRNGKey(seed))
 
 
-def _leaf_spec(path, x, rules, mesh) -> P:
+def _leaf_spec(path, x, rules, mesh, axes) -> P:
   shape = tuple(x.shape)
   if not shape:
     return P()
   name = axes_lib.path_str(path)
   try:
-    names = axes_lib.lookup(name, len(shape)).names
+    names = axes.lookup(name, len(shape)).names
   except (KeyError, ValueError):
     return P()
   return shd.logical_to_spec(names, rules, shape=shape, mesh=mesh, path=name)
 
 
-def tree_shardings(tree, mesh, rules):
-  """NamedShardings for any tree whose leaves sit under parameter paths; other leaves are replicated."""
-  return jax.tree_util.tree_map_with_path(lambda p, x: NamedSharding(mesh, _leaf_spec(p, x, rules, mesh)), tree)
+def tree_shardings(tree, mesh, rules, *, axes: axes_lib.Rules):
+  """NamedShardings for any tree whose leaves sit under parameter paths (named by the axis rules `axes`); other
+  leaves are replicated."""
+  axes_lib.require(axes, "tree_shardings")
+  return jax.tree_util.tree_map_with_path(lambda p, x: NamedSharding(mesh, _leaf_spec(p, x, rules, mesh, axes)),
+                                          tree)
 
 
-def state_shardings(state: TrainState, mesh, rules) -> TrainState:
-  """Shardings of a TrainState (of arrays or ShapeDtypeStructs): params by the rules, opt state likewise."""
+def state_shardings(state: TrainState, mesh, rules, *, axes: axes_lib.Rules) -> TrainState:
+  """Shardings of a TrainState (of arrays or ShapeDtypeStructs): params by the rules and the params' axis rules
+  `axes`, opt state likewise."""
   rep = NamedSharding(mesh, P())
-  return TrainState(shd.param_shardings(state.params, mesh, rules), tree_shardings(state.opt_state, mesh, rules),
-                    rep, rep)
+  return TrainState(shd.param_shardings(state.params, mesh, rules, axes=axes),
+                    tree_shardings(state.opt_state, mesh, rules, axes=axes), rep, rep)
 
 
 def abstract_state(init_params: Callable[[Any], Any], tx: optax.GradientTransformation, mesh=None,
-                   rules="dp") -> TrainState:
-  """ShapeDtypeStructs of the state (with shardings when `mesh` is given): a target for restoring."""
+                   rules="dp", *, axes: axes_lib.Rules | None = None) -> TrainState:
+  """ShapeDtypeStructs of the state (with shardings when `mesh` is given, by the params' axis rules `axes`): a
+  target for restoring."""
   def build(key):
     return create(init_params(key), tx)
   shapes = jax.eval_shape(build, jax.random.PRNGKey(0))
   if mesh is None:
     return shapes
-  shardings = state_shardings(shapes, mesh, rules)
+  shardings = state_shardings(shapes, mesh, rules, axes=axes_lib.require(axes, "abstract_state on a mesh"))
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
 def init_state(init_params: Callable[[Any], Any], tx: optax.GradientTransformation, seed: int = 0, mesh=None,
-               rules="dp") -> TrainState:
+               rules="dp", *, axes: axes_lib.Rules | None = None) -> TrainState:
   """A fresh train state; on a mesh every leaf is created in its sharded layout.
 
   Args:
@@ -78,29 +83,35 @@ def init_state(init_params: Callable[[Any], Any], tx: optax.GradientTransformati
     seed: seeds the params (key `PRNGKey(seed)`) and the state's rng stream (a different fold).
     mesh: a device mesh from `jaxlab.sharding.make_mesh`; None places everything on the default device.
     rules: a sharding strategy name (`jaxlab.sharding.RULES`) or rule table.
+    axes: the params' logical axis rules (e.g. `tfm.AXES`); needed with `mesh`.
   """
   pkey = jax.random.PRNGKey(seed)
-  params = jax.jit(init_params)(pkey) if mesh is None else shd.sharded_init(init_params, mesh, rules, pkey)
-  return state_from_params(params, tx, seed, mesh, rules)
+  if mesh is None:
+    params = jax.jit(init_params)(pkey)
+  else:
+    params = shd.sharded_init(init_params, mesh, rules, pkey, axes=axes_lib.require(axes, "init_state on a mesh"))
+  return state_from_params(params, tx, seed, mesh, rules, axes=axes)
 
 
 def state_from_params(params, tx: optax.GradientTransformation, seed: int = 0, mesh=None,
-                      rules="dp") -> TrainState:
+                      rules="dp", *, axes: axes_lib.Rules | None = None) -> TrainState:
   """A fresh train state around already initialized (and, on a mesh, already sharded) `params`: step 0, the
-  optimizer's initial state in its sharded layout, and the rng stream `init_state` gives for `seed`."""
+  optimizer's initial state in its sharded layout (by the params' axis rules `axes`, needed with `mesh`), and
+  the rng stream `init_state` gives for `seed`."""
   rkey = jax.random.fold_in(jax.random.PRNGKey(seed), 1)
   if mesh is None:
     return TrainState(params, jax.jit(tx.init)(params), jnp.zeros((), jnp.int32), rkey)
+  axes_lib.require(axes, "state_from_params on a mesh")
   opt_shapes = jax.eval_shape(tx.init, params)
-  opt_state = jax.jit(tx.init, out_shardings=tree_shardings(opt_shapes, mesh, rules))(params)
+  opt_state = jax.jit(tx.init, out_shardings=tree_shardings(opt_shapes, mesh, rules, axes=axes))(params)
   rep = NamedSharding(mesh, P())
   step = jax.device_put(jnp.zeros((), jnp.int32), rep)
   return TrainState(params, opt_state, step, jax.device_put(rkey, rep))
 
 
-def place(state: TrainState, mesh, rules) -> TrainState:
-  """An existing (host or differently sharded) state moved onto `mesh` by `rules`."""
-  return jax.device_put(state, state_shardings(state, mesh, rules))
+def place(state: TrainState, mesh, rules, *, axes: axes_lib.Rules) -> TrainState:
+  """An existing (host or differently sharded) state moved onto `mesh` by `rules` and the params' axis rules."""
+  return jax.device_put(state, state_shardings(state, mesh, rules, axes=axes))
 
 
 def as_train_state(tree) -> TrainState:

@@ -34,7 +34,7 @@ def test_init_shapes_scale_and_axes():
   bound = 1 / math.sqrt(64 // 4)
   assert np.abs(q["kron_a"]).max() <= bound and np.abs(q["kron_a"]).max() > 0.9 * bound
   assert cfg.scale == pytest.approx(16 / math.sqrt(3 * 4))
-  assert axes.logical_axes(ad)["layers/attn/q/kernel"] == {
+  assert axes.logical_axes(ad, kron.AXES)["layers/attn/q/kernel"] == {
       "kron_a": ("layers", "rank", "kron_r1", "kron_in"), "kron_b": ("layers", "rank", "kron_out", "kron_r2")}
   with pytest.raises(ValueError, match="r1 | d_out"):
     kron.init(cfg.replace(r1=3), base, jax.random.key(1))

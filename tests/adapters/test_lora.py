@@ -51,7 +51,7 @@ def test_init_shapes_axes_and_peft_distribution():
   q, down = ad["layers/attn/q/kernel"], ad["layers/mlp/down/kernel"]
   assert q["lora_a"].shape == (2, 64, 8) and q["lora_b"].shape == (2, 8, 64)
   assert down["lora_a"].shape == (2, 176, 8) and not np.any(np.asarray(down["lora_b"]))
-  names = axes.logical_axes(ad)
+  names = axes.logical_axes(ad, lora.axis_rules(tfm.AXES))
   assert names["layers/attn/q/kernel"] == {"lora_a": ("layers", "embed", "rank"),
                                            "lora_b": ("layers", "rank", "q_heads")}
   assert names["layers/mlp/down/kernel"]["lora_a"] == ("layers", "mlp", "rank")
@@ -183,7 +183,8 @@ def test_sharded_adapter_forward_equals_single_device():
   cfg = lora.PRESETS["all"]
   ad = _random_adapter(cfg, base)
   mesh = sharding.make_mesh("fsdp:4,tensor:2")
-  sb, sa = sharding.shard_params(base, mesh, "fsdp_tp"), sharding.shard_params(ad, mesh, "fsdp_tp")
+  rules = lora.axis_rules(tfm.AXES)
+  sb, sa = (sharding.shard_params(t, mesh, "fsdp_tp", axes=rules) for t in (base, ad))
   assert sa["layers/attn/q/kernel"]["lora_b"].sharding.spec == jax.sharding.PartitionSpec(None, None, "tensor")
   tokens = jax.random.randint(jax.random.key(2), (8, 16), 0, CFG.vocab_size)
   fwd = jax.jit(lambda b, a, t: tfm.forward(lora.merge(b, a, cfg), t, CFG).logits)

@@ -201,9 +201,8 @@ def test_alignment_recovers_the_structure_of_the_update():
 
 
 def test_presets_validate_and_full_needs_paths(tmp_path):
-  full = cdka_exp.PRESETS["full"]
-  with pytest.raises(ValueError, match="setup.model_path.*setup.train_path.*setup.test_path"):
-    common.check_paths(full.setup)
+  with pytest.raises(registry.OverrideError, match="setup.model_path.*setup.train_path.*setup.test_path"):
+    registry.config_for("cdka", "full")
   with pytest.raises(ValueError, match="setup.model_path"):  # before any computation: no run files
     registry.run_experiment("fslora", "full", out=str(tmp_path / "f"))
   assert not os.path.exists(tmp_path / "f" / "metrics.jsonl")

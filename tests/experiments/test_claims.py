@@ -42,7 +42,8 @@ CLAIMS = (
 @pytest.fixture
 def toy(monkeypatch):
   presets = {p: Cfg() for p in registry.PRESETS}
-  exps = {"toy_a": registry.Experiment("toy_a", Cfg, presets, _run, "a", paper="scale", claims=CLAIMS),
+  exps = {"toy_a": registry.Experiment("toy_a", Cfg, presets, _run, "a", paper="scale", claims=CLAIMS,
+                                       results=("loss.<who>", "bytes.<who>")),
           "toy_b": registry.Experiment("toy_b", Cfg, presets, _run, "b")}
   monkeypatch.setattr(registry, "experiments", lambda: exps)
   monkeypatch.setattr(registry, "import_errors", lambda: {})
@@ -296,7 +297,8 @@ def toy_items(toy, monkeypatch):
                            diff=("right.ours", "right.base"))
   check = claims_lib.Check("refs", "the reference scores 1", "(validation)", "{ref} == 1")
   presets = {p: Cfg() for p in registry.PRESETS}
-  exp = registry.Experiment("toy_i", Cfg, presets, _run_items, paper="polar", claims=(claim,), checks=(check,))
+  exp = registry.Experiment("toy_i", Cfg, presets, _run_items, paper="polar", claims=(claim,), checks=(check,),
+                            results=("acc.ours", "acc.base", "ref"))
   monkeypatch.setitem(toy, "toy_i", exp)
   return exp
 

@@ -51,7 +51,7 @@ def test_relative_default_root_run_resume_extend_and_reproduce(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--set", "mesh=data:3"], "mesh spec 'data:3' asks for 3 devices"),  # rejected inside the run
-    (["--preset", "full"], "needs a corpus path"),  # a full-preset path check
+    (["--preset", "full"], "lm_pretrain --preset full: corpus.path is required (--set corpus.path=PATH)"),
 ])
 def test_failed_start_leaves_nothing_behind(tmp_path, capsys, args, needle):
   out = tmp_path / "run"

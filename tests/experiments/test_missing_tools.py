@@ -55,9 +55,10 @@ def _run(cfg, out_dir, resume):
 def toys(monkeypatch, tmp_path):
   presets = {p: Cfg() for p in registry.PRESETS}
   claim = Claim("c", "holds", "1", "{loss} > 0")
-  exps = {"toy_ok": registry.Experiment("toy_ok", Cfg, presets, _run, paper="scale", claims=(claim,)),
+  exps = {"toy_ok": registry.Experiment("toy_ok", Cfg, presets, _run, paper="scale", claims=(claim,),
+                                        results=("loss",)),
           "toy_tool": registry.Experiment("toy_tool", Cfg, presets, lambda *a: pytest.fail("ran without its tool"),
-                                          paper="cdka", claims=(claim,),
+                                          paper="cdka", claims=(claim,), results=("loss",),
                                           requires=lambda cfg: ("bwrap", "espeak-ng") if cfg.tool else ())}
   monkeypatch.setattr(registry, "experiments", lambda: exps)
   monkeypatch.setattr(registry, "import_errors", lambda: {})

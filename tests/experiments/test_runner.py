@@ -7,12 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Literal
 
 import numpy as np
 import pytest
 
 from experiments import __main__ as cli
 from experiments import registry
+from experiments.runner import claims
+from jaxlab import choices
 from jaxlab.models import transformer as tfm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -212,3 +215,110 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path):
   assert res_moved["final_val_loss"] == pytest.approx(res_full["final_val_loss"], abs=1e-3)
   assert res_full["final_train_loss"] < res_full["initial_train_loss"]
   assert (killed / "config.resumed.json").exists() and (killed / "loss.png").exists()
+
+
+# ----------------------------------------------------------------------------- typed choices, Required, results keys
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  kind: Literal["warmup", "main"] = "main"
+
+
+@dataclasses.dataclass(frozen=True)
+class TypedConfig:
+  optimizer: Literal["adamw", "sgd"] = "adamw"
+  schedule: Literal["cosine", "linear"] | None = None
+  methods: tuple[Literal["a", "b", "c"], ...] = ("a", "b")
+  stage: Stage = Stage()
+  data: str = "stdlib"
+  steps: int = 2
+
+
+def _typed_run(cfg, out_dir, resume):
+  return {"loss": {m: 1.0 for m in cfg.methods}, "steps": cfg.steps, **({"extra": 1} if cfg.steps > 2 else {})}
+
+
+def _typed(monkeypatch, **kw):
+  presets = {"smoke": TypedConfig(), "cpu": TypedConfig(),
+             "full": TypedConfig(data=registry.Required("--set data=PATH: a JSONL corpus"))}
+  exp = registry.Experiment("typed", TypedConfig, presets, _typed_run, **{"results": ("loss.<method>", "steps"), **kw})
+  monkeypatch.setattr(registry, "experiments", lambda: {"typed": exp})
+  return exp
+
+
+def test_choices_are_checked_in_overrides_presets_and_nested_configs(monkeypatch):
+  _typed(monkeypatch)
+  cfg = registry.config_for("typed", "smoke", ["optimizer=sgd", "schedule=none", "methods=c,a", "stage.kind=warmup"])
+  assert (cfg.optimizer, cfg.schedule, cfg.methods, cfg.stage.kind) == ("sgd", None, ("c", "a"), "warmup")
+  for item, message in [("optimizer=adam", "typed: optimizer must be one of ['adamw', 'sgd'], found 'adam'"),
+                        ("schedule=cos", "typed: schedule must be one of ['cosine', 'linear'], found 'cos'"),
+                        ("methods=a,d", "typed: methods must be one of ['a', 'b', 'c'], found 'd'"),
+                        ("stage.kind=cool", "typed: stage.kind must be one of ['warmup', 'main'], found 'cool'")]:
+    with pytest.raises(registry.OverrideError) as e:
+      registry.config_for("typed", "smoke", [item])
+    assert str(e.value) == message
+  bad = {p: TypedConfig() for p in registry.PRESETS} | {"cpu": TypedConfig(stage=Stage(kind="cooldown"))}
+  with pytest.raises(ValueError, match="experiment 'typed': preset 'cpu': stage.kind must be one of"):
+    registry.Experiment("typed", TypedConfig, bad, _typed_run)
+  with pytest.raises(ValueError, match=r"transformer.Config: activation must be one of \['silu'"):
+    tfm.Config.tiny(activation="swish")
+  assert choices.values(Literal["x", "y"]) == ("x", "y")
+  with pytest.raises(TypeError, match="differ from the values"):
+    choices.same({"x": 1, "z": 2}, Literal["x", "y"])
+
+
+def test_a_bad_choice_from_the_command_line_is_one_line():
+  p = subprocess.run([sys.executable, "-m", "experiments", "run", "lm_pretrain", "--set", "optimizer=adam"],
+                     cwd=REPO, env=_env(1), capture_output=True, text=True, timeout=300)
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert p.stderr.startswith("error: lm_pretrain: optimizer must be one of ['adamw', 'sgd', 'sgd_colnorm', ") and \
+      "], found 'adam'" in p.stderr
+
+
+def test_an_unset_required_field_is_one_line_and_makes_no_run_directory(tmp_path, monkeypatch):
+  _typed(monkeypatch)
+  with pytest.raises(registry.OverrideError) as e:
+    registry.run_experiment("typed", "full", root=str(tmp_path))
+  assert str(e.value) == "typed --preset full: data is required (--set data=PATH: a JSONL corpus)"
+  assert os.listdir(tmp_path) == []
+  out, results = registry.run_experiment("typed", "full", ["data=/c.jsonl"], root=str(tmp_path))
+  assert results["loss.a"] == 1.0 and json.load(open(os.path.join(out, "config.json")))["config"]["data"] == "/c.jsonl"
+  required = registry.apply_overrides(registry.get("typed").presets["full"], ())
+  assert isinstance(required.data, registry.Required) and json.loads(json.dumps(registry.config_dict(required)))[
+      "data"] == "--set data=PATH: a JSONL corpus"  # config.json still serializes
+
+
+def test_an_unset_required_field_from_the_command_line_is_one_line(tmp_path, capsys):
+  assert cli.main(["run", "chat", "--preset", "full", "--root", str(tmp_path / "cli")]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: chat --preset full: model is required (--set model=PATH: ") and err.count("\n") == 1
+  assert not (tmp_path / "cli").exists()
+
+
+def test_a_run_must_write_exactly_its_declared_results_keys(tmp_path, monkeypatch):
+  _typed(monkeypatch)
+  with pytest.raises(registry.ResultsMismatch, match=r"typed: .* undeclared \['extra'\]"):
+    registry.run_experiment("typed", "smoke", ["steps=3"], root=str(tmp_path))
+  assert json.load(open(tmp_path / "typed" / "results.json"))["extra"] == 1  # written: nothing computed is lost
+  _typed(monkeypatch, results=("loss.<method>", "steps", "accuracy.<method>", "final?"))
+  with pytest.raises(registry.ResultsMismatch, match=r"missing \['accuracy.<method>'\]"):
+    registry.run_experiment("typed", "smoke", root=str(tmp_path))
+  _typed(monkeypatch, results=("loss.<method>", "steps", "extra?"))
+  assert registry.run_experiment("typed", "smoke", root=str(tmp_path))[1]["steps"] == 2
+
+
+def test_claims_and_checks_may_read_only_declared_results_keys():
+  presets = {p: TypedConfig() for p in registry.PRESETS}
+  claim = claims.Claim("beats", "a beats b", "x", "{loss.a} < {loss.b}", measurable="{acc} > 0", why="floor")
+  with pytest.raises(ValueError, match=r"claims and checks read results keys it does not declare \(beats: acc\)"):
+    registry.Experiment("typed", TypedConfig, presets, _typed_run, claims=(claim,), results=("loss.<method>",))
+  with pytest.raises(ValueError, match="declare the results keys it writes"):
+    registry.Experiment("typed", TypedConfig, presets, _typed_run, checks=(claims.Check("c", "t", "p", "{steps} > 0"),))
+  assert registry.Experiment("typed", TypedConfig, presets, _typed_run, claims=(claim,),
+                             results=("loss.<method>", "acc?")).declares("loss.b")
+
+
+def test_every_experiment_declares_its_results_keys():
+  exps = registry.experiments()
+  assert not registry.import_errors()
+  assert not [name for name, e in exps.items() if e.results is None]

@@ -176,7 +176,7 @@ def test_train_step_sharded_equals_single_device(kind):
   for _ in range(3):
     p1, s1, l1 = step(p1, s1, jax.tree.map(jnp.asarray, batch), head)
   mesh = sharding.make_mesh("data:8")
-  p2 = sharding.shard_params(copy(params), mesh, "dp")
+  p2 = sharding.shard_params(copy(params), mesh, "dp", axes=probes.AXES)
   s2 = tx.init(p2)
   sb = sharding.shard_batch(batch, mesh)
   assert not sb["h"].sharding.is_fully_replicated

@@ -129,7 +129,7 @@ def test_vlm_loss_is_ce_plus_alpha_mca_from_the_hidden_states():
   params = vlm.init(VCFG, jax.random.PRNGKey(0))
   batch = _per_row_pixels(_batch())
   b, r, t = batch["inputs"].shape
-  logits, h, (s0, w0) = _references(params, batch)
+  logits, h, (s0, w0, _) = _references(params, batch)
   logp = jax.nn.log_softmax(np.asarray(logits, np.float64), -1)
   nll = -np.take_along_axis(np.asarray(logp), batch["targets"].reshape(b * r, t, 1), -1)[..., 0]
   m = batch["loss_mask"].reshape(b * r, t) > 0
@@ -156,7 +156,7 @@ def test_sharded_loss_and_grads_equal_single_device():
   batch = _per_row_pixels(_batch())
   single_v, single_g = _MIND_VALUE_AND_GRAD(params, {k: jnp.asarray(v) for k, v in batch.items()})
   mesh = sharding.make_mesh("fsdp:4,tensor:2")
-  sp = sharding.shard_params(params, mesh, "fsdp_tp")
+  sp = sharding.shard_params(params, mesh, "fsdp_tp", axes=vlm.AXES)
   multi_v, multi_g = _MIND_VALUE_AND_GRAD(sp, sharding.shard_batch(batch, mesh))
   np.testing.assert_allclose(float(multi_v), float(single_v), rtol=1e-5)
   for a, b in zip(jax.tree.leaves(multi_g), jax.tree.leaves(single_g)):

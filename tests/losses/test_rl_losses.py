@@ -153,7 +153,7 @@ def test_sft_mask_leaves_prompt_tokens_out(tiny):
   np.testing.assert_array_equal(batch["loss_mask"], [[0, 0, 0, 1, 1, 0, 0, 0], [0, 1, 1, 1, 1, 0, 0, 0]])
   np.testing.assert_array_equal(batch["targets"][batch["loss_mask"] == 1], [9, 10, 11, 12, 13, 14])
   loss_fn = losses.sft_loss_fn(cfg)
-  s, w = loss_fn(params, batch, None)
+  s, w, _ = loss_fn(params, batch, None)
   assert float(w) == 6
   # Changing prompt targets (or anything after the completion) changes nothing; changing a completion does.
   other = dict(batch, targets=np.where(batch["loss_mask"] == 1, batch["targets"], 31))
@@ -187,9 +187,9 @@ def test_dpo_loss_fn_matches_numpy_on_a_tiny_model(tiny):
   r, _, _ = seq_logp(params, "rejected")
   beta, alpha = 0.3, 0.7
   dpo, _ = _numpy_dpo(c, r, rc, rr, beta)
-  s, w = losses.dpo_loss_fn(cfg, beta=beta, alpha=alpha)(params, batch, None)
+  s, w, _ = losses.dpo_loss_fn(cfg, beta=beta, alpha=alpha)(params, batch, None)
   np.testing.assert_allclose(float(s / w), dpo.mean() + alpha * (-c_sum / c_n), rtol=1e-5)
-  s, w = losses.dpo_loss_fn(cfg, beta=beta, kind="ipo")(params, batch, None)
+  s, w, _ = losses.dpo_loss_fn(cfg, beta=beta, kind="ipo")(params, batch, None)
   nc, nr = batch["chosen_mask"].sum(1), batch["rejected_mask"].sum(1)
   ipo = ((c - rc) / nc - (r - rr) / nr - 1 / (2 * beta)) ** 2
   np.testing.assert_allclose(float(s / w), ipo.mean(), rtol=1e-5)

@@ -77,11 +77,11 @@ def test_grpo_matches_trl(models, loss_type):
   ref = (np.asarray(logp) + rng.normal(0, 0.3, (B, N))).astype(np.float32) * cmask
   batch = {"prompt": prompt, "prompt_mask": np.ones((B, T), np.int32), "tokens": tokens, "completion_mask": cmask,
            "old_logp": old, "advantages": adv, "ref_logp": ref}
-  terms = losses.grpo_terms_fn(cfg, beta=beta, clip_low=lo, clip_high=hi, aggregation=TRL_GRPO[loss_type],
-                               max_len=N, temperature=temperature)
+  terms = losses.grpo_loss_fn(cfg, beta=beta, clip_low=lo, clip_high=hi, aggregation=TRL_GRPO[loss_type],
+                              max_len=N, temperature=temperature)
 
   def f(p):
-    s, w, stats = terms(p, batch)
+    s, w, stats = terms(p, batch, None)
     return s / w, stats
   (loss, stats), g = jax.value_and_grad(f, has_aux=True)(params)
 
@@ -128,7 +128,7 @@ def test_dpo_matches_trl(models, loss_types, kind, alpha):
   lf = losses.dpo_loss_fn(cfg, beta=beta, alpha=alpha, kind=kind)
 
   def f(p):
-    s, w = lf(p, batch, None)
+    s, w, _ = lf(p, batch, None)
     return s / w
   loss, g = jax.value_and_grad(f)(params)
 

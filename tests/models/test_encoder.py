@@ -116,7 +116,7 @@ def test_sharded_equals_single_device(params, spec, rules):
                                    encoder.sentence_embedding(p, CFG, i, m, token_types_BT=t)))
   single = fn(params, jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))
   mesh = sharding.make_mesh(spec)
-  sp = sharding.shard_params(params, mesh, rules)
+  sp = sharding.shard_params(params, mesh, rules, axes=encoder.AXES)
   q = sp["layers"]["attn"]["q"]["kernel"]
   assert q.sharding.spec[-1] == "tensor" and q.addressable_shards[0].data.size < q.size
   batch = sharding.shard_batch({"i": ids, "m": mask, "t": types}, mesh)

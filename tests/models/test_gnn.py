@@ -161,7 +161,7 @@ def test_train_step_sharded_equals_single_device(spec, rules):
   for _ in range(3):
     p1, s1, m1 = step(p1, s1, jax.tree.map(jnp.asarray, batch))
   mesh = sharding.make_mesh(spec)
-  p2 = sharding.shard_params(copy(params), mesh, rules)
+  p2 = sharding.shard_params(copy(params), mesh, rules, axes=gnn.AXES)
   s2 = tx.init(p2)
   sb = sharding.shard_batch(batch, mesh)
   assert not sb["graphs"].nodes.sharding.is_fully_replicated
@@ -170,7 +170,7 @@ def test_train_step_sharded_equals_single_device(spec, rules):
   np.testing.assert_allclose(float(m2["loss"]), float(m1["loss"]), rtol=1e-5)
   for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(p1)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
-  want = jax.sharding.NamedSharding(mesh, sharding.param_specs(params, rules, mesh)["gat_layers"]["w"])
+  want = jax.sharding.NamedSharding(mesh, sharding.param_specs(params, rules, mesh, axes=gnn.AXES)["gat_layers"]["w"])
   assert p2["gat_layers"]["w"].sharding.is_equivalent_to(want, 4)
 
 

@@ -72,7 +72,7 @@ def test_aggregation_over_separator_positions_matches_loops(rule):
 def test_every_param_has_logical_axes_and_bad_config_is_named():
   for kind in heads.KINDS:
     cfg, params = _params(kind)
-    names = axes.logical_axes(params)
+    names = axes.logical_axes(params, heads.AXES)
     for leaf, n in zip(jax.tree.leaves(params), jax.tree.leaves(names, is_leaf=lambda x: isinstance(x, tuple))):
       assert len(n) == leaf.ndim and None not in n
   with pytest.raises(ValueError, match="kind must be one of"):
@@ -91,7 +91,8 @@ def test_step_head_on_lm_states_sharded_equals_single_device(spec, rules):
       heads.separator_mask(t, 5), "min"))
   single = fn(params, jnp.asarray(tokens))
   mesh = sharding.make_mesh(spec)
-  multi = fn(sharding.shard_params(params, mesh, rules), sharding.shard_batch({"t": tokens}, mesh)["t"])
+  multi = fn(sharding.shard_params(params, mesh, rules, axes=tfm.AXES + heads.AXES),
+             sharding.shard_batch({"t": tokens}, mesh)["t"])
   np.testing.assert_allclose(np.asarray(multi), np.asarray(single), atol=2e-6)
 
 
@@ -139,7 +140,7 @@ def test_head_only_prm_learns_separable_step_labels():
 
   @jax.jit
   def step(params, opt, b):
-    g = jax.grad(lambda p: (lambda s, w: s / w)(*loss_fn(p, b, None)))(params)
+    g = jax.grad(lambda p: (lambda s, w, _: s / w)(*loss_fn(p, b, None)))(params)
     upd, opt = tx.update(g, opt, params)
     return optax.apply_updates(params, upd), opt, g
 

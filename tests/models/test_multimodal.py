@@ -137,13 +137,13 @@ def test_vlm_is_the_vit_configuration():
 
 
 def test_every_param_has_logical_axes(splice_params, prefix_params):
-  for params in (splice_params, prefix_params):
-    names = axes.logical_axes(params)
+  for cfg, params in ((SPLICE, splice_params), (PREFIX, prefix_params)):
+    names = axes.logical_axes(params, mm.axis_rules(cfg))
     for (path, x), n in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(
         names, is_leaf=lambda v: isinstance(v, tuple))):
       assert len(n) == x.ndim, (axes.path_str(path), n, x.shape)
-    sharding.param_specs(params, "fsdp_tp")
-  names = axes.logical_axes(prefix_params)
+    sharding.param_specs(params, "fsdp_tp", axes=mm.axis_rules(cfg))
+  names = axes.logical_axes(prefix_params, mm.axis_rules(PREFIX))
   assert names["latents"] == ("pos", "embed")
   assert names["encoder"]["proj"]["kernel"] == ("patch", "embed")
   assert names["connector"]["fc2"]["kernel"] == ("mlp", "embed")
@@ -158,7 +158,7 @@ def test_sharded_equals_single_device(prefix_params, splice_params, spec, rules)
   for cfg, params in ((SPLICE, splice_params), (PREFIX, prefix_params)):
     fn = jax.jit(lambda p, t, x, cfg=cfg: mm.forward(p, t, x, cfg).logits)
     single = fn(params, jnp.asarray(toks), jnp.asarray(clips))
-    sp = sharding.shard_params(params, mesh, rules)
+    sp = sharding.shard_params(params, mesh, rules, axes=mm.axis_rules(cfg))
     fc1 = sp["connector"]["fc1"]["kernel"]
     assert fc1.addressable_shards[0].data.size < fc1.size
     batch = sharding.shard_batch({"t": toks, "x": clips}, mesh)

@@ -73,7 +73,7 @@ def test_optimizer_steps_match_jaxlab_train_step():
 
 def test_round_trip_is_identity():
   params = tfm.init(CFG, jax.random.key(1))
-  model = nnx_bridge.from_params(params, tfm.forward, CFG)
+  model = nnx_bridge.from_params(params, tfm.forward, CFG, tfm.AXES)
   back = nnx_bridge.to_params(model)
   _assert_same_tree(back, params)
   assert all(a is b for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)))  # wrapped, not copied
@@ -107,7 +107,7 @@ def test_forward_equals_model_forward():
 @pytest.mark.parametrize("family", ["encoder", "vit"])
 def test_generic_over_model_families(family):
   mod, cfg = (encoder, encoder.Config.tiny()) if family == "encoder" else (vit, vit.Config.tiny())
-  model = nnx_bridge.create(mod.init, mod.forward, cfg, jax.random.key(6))
+  model = nnx_bridge.create(mod.init, mod.forward, cfg, jax.random.key(6), mod.AXES)
   params = nnx_bridge.to_params(model)
   _assert_same_tree(params, mod.init(cfg, jax.random.key(6)))
   if family == "encoder":
@@ -140,14 +140,14 @@ def test_logical_axes_and_sharding():
   model = nnx_bridge.decoder(CFG, params=params)
   specs = nnx.get_partition_spec(nnx.state(model))
   names = jax.tree.map(tuple, nnx_bridge.to_params(specs), is_leaf=lambda x: isinstance(x, PartitionSpec))
-  assert names == axes.logical_axes(params)
+  assert names == axes.logical_axes(params, tfm.AXES)
   with linen.logical_axis_rules(shd.RULES["tp"]):  # Flax's own mapping of the names
     q_spec = nnx.get_partition_spec(nnx.state(model))["params"]["layers"]["attn"]["q"]["kernel"].get_value()
   assert tuple(q_spec) == (None, None, "tensor")
 
   mesh = shd.make_mesh("fsdp:4,tensor:2")
   nnx_bridge.shard(model, mesh, "fsdp_tp")
-  want = shd.param_shardings(params, mesh, "fsdp_tp")
+  want = shd.param_shardings(params, mesh, "fsdp_tp", axes=tfm.AXES)
   got = jax.tree.map(lambda x: x.sharding, nnx_bridge.to_params(model))
   assert jax.tree.leaves(got) == jax.tree.leaves(want)
   _assert_same_tree(nnx_bridge.to_params(model), params)
@@ -155,8 +155,9 @@ def test_logical_axes_and_sharding():
   tx = optax.adamw(1e-2)
   optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
   batch = shd.shard_batch(_batch(jax.random.key(12), b=8), mesh)
-  state = train.place(train.create(params, tx), mesh, "fsdp_tp")  # the oracle: jaxlab's step on the same mesh
-  ref = train.jit_train_step(train.make_train_step(train.lm_loss_fn(CFG), tx), state, mesh, "fsdp_tp")
+  state = train.place(train.create(params, tx), mesh, "fsdp_tp", axes=tfm.AXES)  # the oracle: jaxlab's step
+  ref = train.jit_train_step(train.make_train_step(train.lm_loss_fn(CFG), tx), state, mesh, "fsdp_tp",
+                             axes=tfm.AXES)
   state, metrics = ref(state, batch)
   np.testing.assert_allclose(float(_nnx_step(model, optimizer, batch)), float(metrics["loss"]), rtol=1e-5)
   got = nnx_bridge.to_params(model)

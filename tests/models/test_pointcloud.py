@@ -172,7 +172,7 @@ def test_encoder_protocol_and_sharded_equals_single_device():
   np.testing.assert_allclose(np.asarray(single),
                              np.asarray(mm.connector(params["connector"], feats, "gelu", jnp.float32)), atol=1e-6)
   mesh = sharding.make_mesh("fsdp:4,tensor:2")
-  sp = sharding.shard_params(params, mesh, "fsdp_tp")
+  sp = sharding.shard_params(params, mesh, "fsdp_tp", axes=mm.axis_rules(mcfg))
   k = sp["encoder"]["stages"][1]["mlp"][0]["kernel"]
   assert k.addressable_shards[0].data.size < k.size
   multi = fn(sp, sharding.shard_batch(inputs, mesh))
@@ -183,7 +183,7 @@ def test_axes_and_errors():
   names = pc.param_axes(pc.PRESETS["tiny-rays"])
   assert names["stages"][0]["mlp"][1]["kernel"] == ("embed", "mlp")
   assert names["ray_proj"]["kernel"] == ("patch", "embed")
-  axes.logical_axes(jax.eval_shape(lambda: pc.init(pc.PRESETS["pointnet2-ssg"], jax.random.key(0))))
+  axes.logical_axes(jax.eval_shape(lambda: pc.init(pc.PRESETS["pointnet2-ssg"], jax.random.key(0))), pc.AXES)
   params = pc.init(CFG, jax.random.key(0))
   with pytest.raises(ValueError, match=r"xyz \[B, 48, 3\]"):
     pc.encode(params, np.zeros((1, 40, 3)), np.zeros((1, 40, 3)), CFG)

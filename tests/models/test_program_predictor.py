@@ -170,7 +170,7 @@ def test_sharded_loss_equals_single_device():
   fn = jax.jit(lambda p, x, m, b, o, w: jax.value_and_grad(pp.loss)(p, x, m, b, o, w, cfg))
   single, g_single = fn(params, x, mask, b, o, w)
   mesh = sharding.make_mesh("fsdp:4,tensor:2")
-  sp = sharding.shard_params(params, mesh, "fsdp_tp")
+  sp = sharding.shard_params(params, mesh, "fsdp_tp", axes=pp.AXES)
   up = sp["layers"]["mlp"]["up"]["kernel"]
   assert up.addressable_shards[0].data.size < up.size
   batch = sharding.shard_batch({"x": x, "m": mask, "b": b, "o": o, "w": w}, mesh)

@@ -151,7 +151,7 @@ def test_sharded_equals_single_device():
   fn = jax.jit(lambda p, x, v: qf.forward(p, x, cfg, video_BVX=v).prefix_BKO)
   single = fn(params, pts, video)
   mesh = sharding.make_mesh("fsdp:4,tensor:2")
-  sp = sharding.shard_params(params, mesh, "fsdp_tp")
+  sp = sharding.shard_params(params, mesh, "fsdp_tp", axes=qf.AXES)
   up = sp["layers"]["mlp"]["up"]["kernel"]
   assert up.addressable_shards[0].data.size < up.size
   batch = sharding.shard_batch({"x": pts, "v": video}, mesh)
@@ -163,7 +163,7 @@ def test_axes_and_errors():
   names = qf.param_axes(cfg)
   assert names["cross"]["attn"]["k"]["kernel"] == ("layers", "embed", "kv_heads")
   assert names["latents"] == ("pos", "embed") and names["out_proj"]["kernel"] == ("mlp", "embed")
-  sharding.param_specs(jax.eval_shape(lambda: qf.init(cfg, jax.random.key(0))), "fsdp_tp")
+  sharding.param_specs(jax.eval_shape(lambda: qf.init(cfg, jax.random.key(0))), "fsdp_tp", axes=qf.AXES)
   params = qf.init(cfg, jax.random.key(0))
   with pytest.raises(ValueError, match=r"\[B, S, 16\]"):
     qf.forward(params, np.zeros((1, 3, 8), np.float32), cfg)

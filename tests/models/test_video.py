@@ -74,7 +74,7 @@ def test_encoder_protocol_and_sharded_equals_single_device():
   want = mm.connector(params["connector"], video.forward(params["encoder"], frames, cfg), "gelu", jnp.float32)
   np.testing.assert_allclose(np.asarray(single), np.asarray(want), atol=1e-6)
   mesh = sharding.make_mesh("fsdp:4,tensor:2")
-  sp = sharding.shard_params(params, mesh, "fsdp_tp")
+  sp = sharding.shard_params(params, mesh, "fsdp_tp", axes=mm.axis_rules(mcfg))
   t = sp["encoder"]["temporal"]
   assert t.addressable_shards[0].data.size < t.size
   np.testing.assert_allclose(np.asarray(fn(sp, sharding.shard_batch(frames, mesh))), np.asarray(single), atol=2e-5)
@@ -84,7 +84,8 @@ def test_axes_and_errors():
   names = video.param_axes(video.PRESETS["tiny"])
   assert names["temporal"] == ("pos", "embed")
   assert names["vision"]["layers"]["attn"]["q"]["kernel"] == ("layers", "embed", "q_heads")
-  sharding.param_specs(jax.eval_shape(lambda: video.init(video.PRESETS["stllm-siglip"], jax.random.key(0))), "fsdp_tp")
+  sharding.param_specs(jax.eval_shape(lambda: video.init(video.PRESETS["stllm-siglip"], jax.random.key(0))), "fsdp_tp",
+                       axes=video.AXES)
   cfg = video.PRESETS["tiny"]
   params = video.init(cfg, jax.random.key(0))
   with pytest.raises(ValueError, match=r"frames must be \[B, 4, 32, 32, 3\]"):

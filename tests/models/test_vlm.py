@@ -111,15 +111,15 @@ def test_config_validation():
 
 
 def test_params_have_logical_axes_and_shard(params):
-  names = axes.logical_axes(params)
+  names = axes.logical_axes(params, vlm.AXES)
   assert names["connector"]["fc1"]["kernel"] == ("embed", "mlp")
   assert names["vision"]["layers"]["attn"]["q"]["kernel"] == ("layers", "embed", "q_heads")
   assert names["vision"]["patch_embed"]["kernel"] == ("embed", "patch", "patch", "patch")
   assert names["vision"]["pos_embed"] == ("pos", "embed")
   dino = jax.eval_shape(lambda: vit.init(vit.Config.tiny("dinov2", n_registers=2), jax.random.key(0)))
-  assert axes.logical_axes(dino)["cls_token"] == ("layers", "layers", "embed")
-  for tree in (params, dino):
-    sharding.param_specs(tree, "fsdp_tp")  # every name has a rule and no two dims share a mesh axis
+  assert axes.logical_axes(dino, vit.AXES)["cls_token"] == ("layers", "layers", "embed")
+  for tree, rules in ((params, vlm.AXES), (dino, vit.AXES)):
+    sharding.param_specs(tree, "fsdp_tp", axes=rules)  # every name has a rule and no two dims share a mesh axis
 
 
 def test_connector_only_training_changes_only_the_connector(params):
@@ -149,7 +149,7 @@ def test_connector_only_training_changes_only_the_connector(params):
 def test_frozen_loss_gives_the_connector_gradient_only(params):
   toks, px = make_batch(4, images_per_row=(1, 1), length=24)
   batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:], "pixels": px}
-  mean = lambda f: lambda p: (lambda s, w: s / w)(*f(p, batch, None))
+  mean = lambda f: lambda p: (lambda s, w, _: s / w)(*f(p, batch, None))
   full = jax.jit(jax.grad(mean(losses_lib.vlm_loss_fn(CFG))))(params)
   frozen = jax.jit(jax.grad(mean(losses_lib.vlm_loss_fn(CFG, freeze=True))))(params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5),

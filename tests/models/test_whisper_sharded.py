@@ -39,7 +39,7 @@ def _loss(p, mel, tokens):
 
 def _sharded(params, mel, tokens, spec="data:2,fsdp:2,tensor:2", rules="fsdp_tp"):
   mesh = sharding.make_mesh(spec)
-  sp = sharding.shard_params(params, mesh, rules)
+  sp = sharding.shard_params(params, mesh, rules, axes=whisper.AXES)
   q = sp["decoder"]["layers"]["cross_attn"]["q"]["kernel"]
   assert q.sharding.spec[1:] == ("fsdp", "tensor") and q.addressable_shards[0].data.size * 4 == q.size
   batch = sharding.shard_batch({"mel": mel, "tokens": tokens}, mesh)
@@ -82,7 +82,7 @@ def test_cached_decoding_sharded_equals_single_device(params):
   single = steps(params, jnp.asarray(mel), jnp.asarray(tokens))
   np.testing.assert_allclose(np.asarray(single), np.asarray(whisper.forward(params, mel, tokens, CFG)), atol=2e-5)
   mesh = sharding.make_mesh("tensor:8")
-  sp = sharding.shard_params(params, mesh, "tp")
+  sp = sharding.shard_params(params, mesh, "tp", axes=whisper.AXES)
   batch = sharding.shard_batch({"mel": mel, "tokens": tokens}, mesh)
   multi = steps(sp, batch["mel"], batch["tokens"])
   np.testing.assert_allclose(np.asarray(multi), np.asarray(single), atol=2e-5)

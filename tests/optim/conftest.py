@@ -1,4 +1,5 @@
-"""Shared fixtures for optimizer tests: a registered quadratic param tree and FSDP placement over 8 devices."""
+"""Shared fixtures for optimizer tests: a quadratic param tree with its axis rules and FSDP placement over 8
+devices."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,9 +9,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from jaxlab.nn import axes
 
 # A small tree with a stacked matrix (fan-in first), a matrix with fan-in first and out < in, and a vector.
-axes.register(r"quad/w", ("embed", "mlp"), "embed")
-axes.register(r"quad/v", ("mlp", "embed"), "mlp")
-axes.register(r"quad/b", ("embed",))
+QUAD_AXES = axes.rules((r"quad/w", ("embed", "mlp"), "embed"), (r"quad/v", ("mlp", "embed"), "mlp"),
+                       (r"quad/b", ("embed",)))
 
 
 def quad_params(key, scale=1.0):
@@ -23,6 +23,11 @@ def quad_params(key, scale=1.0):
 @pytest.fixture
 def quad():
   return quad_params
+
+
+@pytest.fixture
+def quad_axes():
+  return QUAD_AXES
 
 
 def fsdp_place(tree, mesh):

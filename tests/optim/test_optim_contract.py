@@ -21,11 +21,11 @@ SETTINGS = {
 }
 
 
-def make(name):
+def make(name, axes):
   lr, hp = SETTINGS[name]
   if "adam_lr" in hp and name != "muon":
     hp = dict(hp, peak_lr=lr)
-  return optim.get(name, optax.cosine_decay_schedule(lr, STEPS), **hp)
+  return optim.get(name, optax.cosine_decay_schedule(lr, STEPS), axes=axes, **hp)
 
 
 @pytest.fixture
@@ -47,10 +47,17 @@ def test_unknown_name_is_rejected():
     optim.get("adamw2", 1e-3)
 
 
+def test_axis_rules_are_asked_for_where_needed(quad, quad_axes):
+  with pytest.raises(TypeError, match="'scale' needs the params' logical axis rules"):
+    optim.get("scale", 1e-3)
+  optim.get("adamw", 1e-3).init(quad(jax.random.key(0)))  # adamw treats every leaf alike: no rules needed
+  optim.get("adamw", 1e-3, axes=quad_axes).init(quad(jax.random.key(0)))
+
+
 @pytest.mark.parametrize("name", list(SETTINGS))
-def test_contract(name, problem, sharded_check):
+def test_contract(name, problem, sharded_check, quad_axes):
   params, loss = problem
-  tx = make(name)
+  tx = make(name, quad_axes)
 
   traces = []
   def update(g, s, p):

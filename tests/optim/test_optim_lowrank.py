@@ -110,18 +110,20 @@ def check(got, want):
 
 
 @pytest.mark.parametrize("proj_type", ["std", "right", "left"])
-def test_galore_equals_reference_steps(problem, proj_type):
+def test_galore_equals_reference_steps(problem, proj_type, quad_axes):
   params, grads_seq = problem
-  tx = optim.galore(SCHED, rank=RANK, update_proj_gap=GAP, scale=0.25, weight_decay=WD, proj_type=proj_type)
+  tx = optim.galore(SCHED, axes=quad_axes, rank=RANK, update_proj_gap=GAP, scale=0.25, weight_decay=WD,
+                    proj_type=proj_type)
   want = reference_loop(params, grads_seq, galore_step(0.25, None if proj_type == "std" else proj_type))
   check(run(tx, params, grads_seq), want)
 
 
 @pytest.mark.parametrize("scale_type,scale", [("channel", 1.0), ("tensor", 128.0)])
-def test_apollo_equals_reference_steps(problem, scale_type, scale):
+def test_apollo_equals_reference_steps(problem, scale_type, scale, quad_axes):
   params, grads_seq = problem
   grads_seq = [grads_seq[0], *(optax.tree.scale(3.0, g) for g in grads_seq[1:])]  # growing norms: limiter acts
-  tx = optim.apollo(SCHED, rank=RANK, update_proj_gap=GAP, scale=scale, scale_type=scale_type, weight_decay=WD)
+  tx = optim.apollo(SCHED, axes=quad_axes, rank=RANK, update_proj_gap=GAP, scale=scale, scale_type=scale_type,
+                    weight_decay=WD)
   check(run(tx, params, grads_seq), reference_loop(params, grads_seq, apollo_step(scale, scale_type)))
 
 
@@ -132,8 +134,8 @@ def test_apollo_projection_statistics_and_refresh():
   assert abs(np.corrcoef(a.ravel(), b.ravel())[0, 1]) < 1e-2
 
 
-def test_galore_state_is_low_rank(quad):
-  state = optim.galore(1e-2, rank=RANK).init(quad(jax.random.key(0)))
+def test_galore_state_is_low_rank(quad, quad_axes):
+  state = optim.galore(1e-2, axes=quad_axes, rank=RANK).init(quad(jax.random.key(0)))
   low = state[0].inner_states["low_rank"].inner_state
   shapes = {k: (low.proj["quad"][k].shape, low.mu["quad"][k].shape) for k in ("w", "v")}
   assert shapes == {"w": ((2, RANK, 16), (2, 24, RANK)), "v": ((16, RANK), (RANK, 24))}

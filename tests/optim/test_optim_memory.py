@@ -41,7 +41,7 @@ def test_galore_state_bytes_hand_count():
   per_layer = (2 * (r * 64 + 2 * 64 * r) + 2 * (32 * r + 2 * r * 64) + 2 * (r * 64 + 2 * 176 * r)
                + (64 * r + 2 * r * 176))
   hand = 4 * (L * per_layer + 2 * (2 * V * D + NORMS))
-  got = memory.state_bytes(optim.galore(1e-3, rank=r), memory.param_shapes(tfm.Config.tiny()))
+  got = memory.state_bytes(optim.galore(1e-3, axes=tfm.AXES, rank=r), memory.param_shapes(tfm.Config.tiny()))
   assert hand <= got <= hand + COUNTERS
 
 

@@ -27,7 +27,7 @@ def test_own_muon_equals_optax_contrib_on_llama_tree():
   sched = optax.linear_schedule(2e-2, 1e-2, 3)
   outs = {}
   for impl in ("optax", "jaxlab"):
-    tx = optim.muon(sched, weight_decay=0.1, adam_lr=3e-3, implementation=impl)
+    tx = optim.muon(sched, axes=tfm.AXES, weight_decay=0.1, adam_lr=3e-3, implementation=impl)
     state, update, p = tx.init(params), jax.jit(tx.update), params
     for i in range(3):
       g = jax.tree.map(lambda x, i=i: jax.random.normal(jax.random.fold_in(jax.random.key(i), x.size), x.shape), params)

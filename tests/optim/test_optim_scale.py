@@ -72,7 +72,7 @@ def random_grads(params, seed, n=3):
 def test_scale_equals_numpy_rule(tied):
   params = init(0, tie_embeddings=tied)
   grads_seq = random_grads(params, 1)
-  tx = optim.scale(SCHED, adam_lr=ADAM_LR, peak_lr=PEAK, weight_decay=WD)
+  tx = optim.scale(SCHED, axes=tfm.AXES, adam_lr=ADAM_LR, peak_lr=PEAK, weight_decay=WD)
   got, state = run_jax(tx, params, grads_seq)
   last = "embed/embedding" if tied else "lm_head/kernel"
   want = numpy_rule(flat(params), [flat(g) for g in grads_seq], [SCHED(t) for t in range(3)], momentum_paths={last})
@@ -96,7 +96,8 @@ def test_scale_equals_numpy_rule(tied):
 def test_variants_equal_numpy_rule(name, momentum, normalize):
   params = init(2)
   grads_seq = random_grads(params, 3)
-  got, _ = run_jax(optim.get(name, SCHED, adam_lr=ADAM_LR, peak_lr=PEAK, weight_decay=WD), params, grads_seq)
+  tx = optim.get(name, SCHED, axes=tfm.AXES, adam_lr=ADAM_LR, peak_lr=PEAK, weight_decay=WD)
+  got, _ = run_jax(tx, params, grads_seq)
   fp = flat(params)
   mats = {k for k in fp if not (k.endswith("/scale") or k.endswith("/bias"))}
   want = numpy_rule(fp, [flat(g) for g in grads_seq], [SCHED(t) for t in range(3)],
@@ -108,12 +109,13 @@ def test_variants_equal_numpy_rule(name, momentum, normalize):
 def test_inject_hyperparams_matches_and_controls_lr():
   params = init(4)
   grads_seq = random_grads(params, 5)
-  direct, _ = run_jax(optim.scale(SCHED, adam_lr=ADAM_LR, peak_lr=PEAK), params, grads_seq)
-  injected = optax.inject_hyperparams(optim.scale)(learning_rate=SCHED, adam_lr=ADAM_LR, peak_lr=PEAK)
+  direct, _ = run_jax(optim.scale(SCHED, axes=tfm.AXES, adam_lr=ADAM_LR, peak_lr=PEAK), params, grads_seq)
+  injected = optax.inject_hyperparams(optim.scale)(learning_rate=SCHED, axes=tfm.AXES, adam_lr=ADAM_LR,
+                                                    peak_lr=PEAK)
   got, state = run_jax(injected, params, grads_seq)
   for k in direct[-1]:
     np.testing.assert_allclose(np.asarray(got[-1][k]), np.asarray(direct[-1][k]), rtol=1e-6, atol=1e-7)
-  fixed = optax.inject_hyperparams(optim.scale)(learning_rate=1e-2, adam_lr=ADAM_LR, peak_lr=1e-2)
+  fixed = optax.inject_hyperparams(optim.scale)(learning_rate=1e-2, axes=tfm.AXES, adam_lr=ADAM_LR, peak_lr=1e-2)
   state, update = fixed.init(params), jax.jit(fixed.update)
   u, _ = update(grads_seq[0], state, params)
   assert all(float(jnp.max(jnp.abs(x))) > 0.0 for x in jax.tree.leaves(u))
@@ -124,11 +126,11 @@ def test_inject_hyperparams_matches_and_controls_lr():
 
 def test_schedule_without_peak_is_rejected():
   with pytest.raises(ValueError, match="peak_lr"):
-    optim.scale(SCHED, adam_lr=1e-3)
+    optim.scale(SCHED, axes=tfm.AXES, adam_lr=1e-3)
 
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_fsdp_sharded_equals_single_device(tied, sharded_check):
   params = init(6, tie_embeddings=tied)
   grads = random_grads(params, 7, 1)[0]
-  sharded_check(optim.scale(1e-2, adam_lr=1e-3, weight_decay=WD), params, grads, steps=2)
+  sharded_check(optim.scale(1e-2, axes=tfm.AXES, adam_lr=1e-3, weight_decay=WD), params, grads, steps=2)

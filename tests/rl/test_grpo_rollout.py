@@ -76,7 +76,7 @@ def test_first_unclipped_update_is_the_policy_gradient(tiny):
   batch = as_batch(ro, adv)
 
   def grpo(p, rule):
-    s, w = losses.grpo_loss_fn(cfg, aggregation=rule, max_len=6, temperature=0.7, clip_low=0.2,
+    s, w, _ = losses.grpo_loss_fn(cfg, aggregation=rule, max_len=6, temperature=0.7, clip_low=0.2,
                                clip_high=0.28)(p, batch, None)
     return s / w
 

@@ -41,10 +41,12 @@ def setup(gcfg=GCFG, spec=None, rules="dp", opt="adam"):
   tx = optax.adam(3e-2) if opt == "adam" else optax.sgd(0.05)
   mesh = shd.make_mesh(spec) if spec else None
   if (spec, rules, opt) not in _STATES:
-    _STATES[spec, rules, opt] = st.init_state(lambda k: tfm.init(CFG, k), tx, seed=0, mesh=mesh, rules=rules)
+    _STATES[spec, rules, opt] = st.init_state(lambda k: tfm.init(CFG, k), tx, seed=0, mesh=mesh, rules=rules,
+                                              axes=tfm.AXES)
   state = jax.tree.map(lambda x: x.copy(), _STATES[spec, rules, opt])
   if (gcfg, spec, rules, opt) not in _STEPS:
-    _STEPS[gcfg, spec, rules, opt] = rl_loop.jit_grpo_step(rl_loop.make_grpo_step(CFG, gcfg, tx), state, mesh, rules)
+    _STEPS[gcfg, spec, rules, opt] = rl_loop.jit_grpo_step(rl_loop.make_grpo_step(CFG, gcfg, tx), state, mesh, rules,
+                                                           axes=tfm.AXES)
   ref = jax.tree.map(lambda x: x.copy(), state.params)
   prompts = PromptCycle([{"prompt": [1 + i, 9, 3 + i]} for i in range(5)], gcfg.prompts_per_batch)
   return state, ref, _STEPS[gcfg, spec, rules, opt], prompts

@@ -24,9 +24,9 @@ psum = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x.sum(0), "data"), mesh=mesh
                              out_specs=P()))(batch)
 gathered = multihost_utils.process_allgather(np.array([pid]))
 
-axes.register("dist_test/w", ("embed", "mlp"))
 fsdp_mesh = sharding.make_mesh("fsdp:-1")
-params = sharding.shard_params({"dist_test": {"w": np.arange(32.0).reshape(8, 4)}}, fsdp_mesh, "fsdp")
+params = sharding.shard_params({"dist_test": {"w": np.arange(32.0).reshape(8, 4)}}, fsdp_mesh, "fsdp",
+                               axes=axes.rules(("dist_test/w", ("embed", "mlp"))))
 w = params["dist_test"]["w"]
 assert not w.is_fully_addressable and w.sharding.spec == P("fsdp", None)
 param_sum = jax.jit(jnp.sum, out_shardings=NamedSharding(fsdp_mesh, P()))(w)

@@ -29,9 +29,9 @@ def _setup(mesh):
   gcfg = GRPOConfig(prompts_per_batch=2, group_size=4, max_new_tokens=6, beta=0.04, clip_low=0.2, clip_high=0.28,
                     aggregation="token_mean", updates_per_batch=2, stop_tokens=(5,))
   tx = optax.sgd(0.5)
-  state = st.init_state(lambda k: tfm.init(cfg, k), tx, seed=0, mesh=mesh, rules=RULES)
+  state = st.init_state(lambda k: tfm.init(cfg, k), tx, seed=0, mesh=mesh, rules=RULES, axes=tfm.AXES)
   ref = jax.tree.map(lambda x: x.copy(), state.params)
-  step = rl_loop.jit_grpo_step(rl_loop.make_grpo_step(cfg, gcfg, tx), state, mesh, RULES)
+  step = rl_loop.jit_grpo_step(rl_loop.make_grpo_step(cfg, gcfg, tx), state, mesh, RULES, axes=tfm.AXES)
   prompts = PromptCycle([{"prompt": [1 + i, 9, 3 + i]} for i in range(5)], gcfg.prompts_per_batch)
   return cfg, gcfg, state, ref, step, prompts
 

@@ -35,11 +35,12 @@ def _train(out_dir, mesh_spec=None, rows=None):
   """Trains STEPS steps; `rows` = (process index, process count) selects this process's rows."""
   from jaxlab import sharding as shd
   from jaxlab.train import loop, state as st, step as sp
+  from jaxlab.models import transformer as tfm
   from jaxlab.train.checkpoint import Checkpointer
   cfg, tx, init = _setup()
   mesh = shd.make_mesh(mesh_spec) if mesh_spec else None
-  state = st.init_state(init, tx, seed=0, mesh=mesh, rules=RULES)
-  step = sp.jit_train_step(sp.make_train_step(sp.lm_loss_fn(cfg), tx, mesh=mesh), state, mesh, RULES)
+  state = st.init_state(init, tx, seed=0, mesh=mesh, rules=RULES, axes=tfm.AXES)
+  step = sp.jit_train_step(sp.make_train_step(sp.lm_loss_fn(cfg), tx, mesh=mesh), state, mesh, RULES, axes=tfm.AXES)
 
   def batches():
     for i in range(STEPS):

@@ -44,9 +44,9 @@ INTENT = {
     "fsdp_tp": {"embed": "fsdp", "vocab": "tensor", "q_heads": "tensor", "kv_heads": "tensor", "mlp": "tensor"},
 }
 
-if tfm is None:  # the model module registers these itself
-  for _path, _names in NAMES.items():
-    axes.register(_path.removeprefix("layers/"), _names[1:] if _names[0] == "layers" else _names)
+# The decoder's axis rules; without the model module, rules for exactly the layout above.
+AXES = tfm.AXES if tfm is not None else axes.rules(
+    *((path.removeprefix("layers/"), names[1:] if names[0] == "layers" else names) for path, names in NAMES.items()))
 
 V, D, H, G, K, F, L = 64, 32, 4, 2, 8, 64, 2
 
@@ -127,7 +127,7 @@ def test_rule_tables_name_every_axis_a_model_declares(module):
 def test_param_specs_follow_the_strategy(strategy):
   shapes = (jax.eval_shape(functools.partial(tfm.init, tfm.Config.tiny()), jax.random.key(0)) if tfm is not None
             else fake_shapes())
-  specs = leaves_by_path(sharding.param_specs(shapes, strategy), is_leaf=lambda x: isinstance(x, P))
+  specs = leaves_by_path(sharding.param_specs(shapes, strategy, axes=AXES), is_leaf=lambda x: isinstance(x, P))
   checked = 0
   for path, names in NAMES.items():
     if path in specs:
@@ -139,13 +139,13 @@ def test_param_specs_follow_the_strategy(strategy):
 def test_indivisible_dims_fall_back_to_replication():
   shapes = fake_shapes(v=50, g=1)  # vocab 50, kv dim 8
   mesh = sharding.make_mesh("fsdp:2,tensor:4")
-  specs = leaves_by_path(sharding.param_specs(shapes, "fsdp_tp", mesh), is_leaf=lambda x: isinstance(x, P))
+  specs = leaves_by_path(sharding.param_specs(shapes, "fsdp_tp", mesh, axes=AXES), is_leaf=lambda x: isinstance(x, P))
   assert specs["embed/embedding"] == P(None, "fsdp")            # 50 % 4 != 0
   assert specs["lm_head/kernel"] == P("fsdp", None)
   assert specs["layers/attn/k/kernel"] == P(None, "fsdp", "tensor")  # 8 % 4 == 0
   assert specs["layers/attn/q/kernel"] == P(None, "fsdp", "tensor")
   mesh8 = sharding.make_mesh("tensor:8")
-  specs8 = leaves_by_path(sharding.param_specs(shapes, "tp", mesh8), is_leaf=lambda x: isinstance(x, P))
+  specs8 = leaves_by_path(sharding.param_specs(shapes, "tp", mesh8, axes=AXES), is_leaf=lambda x: isinstance(x, P))
   assert specs8["layers/attn/k/kernel"] == P(None, None, "tensor")
   assert specs8["layers/mlp/up/kernel"] == P(None, None, "tensor")
   # a tuple target keeps its longest dividing prefix: batch 6 over data=2 x fsdp=4 -> data only
@@ -161,7 +161,7 @@ def test_conflicting_rules_fail_loudly():
   rules = tuple((n, "fsdp" if n in ("embed", "mlp") else t) for n, t in sharding.RULES["dp"])
   clash = r"layers/mlp/(up|gate|down)/kernel.*dims \['(embed|mlp)', '(embed|mlp)'\].*'fsdp'"
   with pytest.raises(ValueError, match=clash):
-    sharding.param_specs(fake_shapes(), rules)
+    sharding.param_specs(fake_shapes(), rules, axes=AXES)
   with pytest.raises(ValueError, match="mesh has axes"):
     sharding.logical_to_spec(("embed",), (("embed", "model"),))
 
@@ -169,9 +169,11 @@ def test_conflicting_rules_fail_loudly():
 def test_unknown_logical_name_fails_naming_it_and_the_param():
   rules = tuple(r for r in sharding.RULES["fsdp_tp"] if r[0] != "mlp")
   with pytest.raises(KeyError, match=r"'mlp'.*layers/mlp/(gate|up|down)/kernel"):
-    sharding.param_specs(fake_shapes(), rules)
-  with pytest.raises(KeyError, match="no logical axes registered for parameter 'mystery/w'"):
-    sharding.param_specs({"mystery": {"w": jnp.zeros((2, 2))}}, "dp")
+    sharding.param_specs(fake_shapes(), rules, axes=AXES)
+  with pytest.raises(KeyError, match="no logical axes for parameter 'mystery/w'"):
+    sharding.param_specs({"mystery": {"w": jnp.zeros((2, 2))}}, "dp", axes=AXES)
+  with pytest.raises(TypeError, match="param_specs needs the params' logical axis rules"):
+    sharding.param_specs(fake_shapes(), "dp", axes=None)
 
 
 # ------------------------------------------------------------------------- sharded == single device
@@ -218,8 +220,8 @@ def single_device_reference():
 def test_sharded_loss_and_grads_match_single_device(spec, strategy, single_device_reference):
   params, tokens, ref_loss, ref_grads = single_device_reference
   mesh = sharding.make_mesh(spec)
-  p_sh = sharding.param_shardings(params, mesh, strategy)
-  sharded = sharding.shard_params(params, mesh, strategy)
+  p_sh = sharding.param_shardings(params, mesh, strategy, axes=AXES)
+  sharded = sharding.shard_params(params, mesh, strategy, axes=AXES)
   batch = sharding.shard_batch(tokens, mesh)
   step = jax.jit(jax.value_and_grad(loss_fn), in_shardings=(p_sh, sharding.batch_sharding(mesh)),
                  out_shardings=(NamedSharding(mesh, P()), p_sh))
@@ -242,13 +244,13 @@ def test_sharded_init_matches_plain_init_and_lands_sharded():
   mesh = sharding.make_mesh("fsdp:4,tensor:2")
   def init(cfg, key):  # a config argument stays a Python constant
     return jax.tree.map(lambda x: x * jax.random.uniform(key), fake_params(0, v=cfg.vocab))
-  params = sharding.sharded_init(init, mesh, "fsdp_tp", _Cfg(), jax.random.key(3))
-  expected = sharding.param_shardings(fake_shapes(), mesh, "fsdp_tp")
+  params = sharding.sharded_init(init, mesh, "fsdp_tp", _Cfg(), jax.random.key(3), axes=AXES)
+  expected = sharding.param_shardings(fake_shapes(), mesh, "fsdp_tp", axes=AXES)
   jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(f"{x.sharding} != {s}"),
                params, expected)
   scale = jax.random.uniform(jax.random.key(3))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b * scale, rtol=1e-6), params, fake_params(0))
-  shapes = sharding.sharded_shapes(init, mesh, "fsdp_tp", _Cfg(), jax.random.key(3))
+  shapes = sharding.sharded_shapes(init, mesh, "fsdp_tp", _Cfg(), jax.random.key(3), axes=AXES)
   assert shapes["lm_head"]["kernel"].sharding.spec == P("fsdp", "tensor")
 
 

@@ -99,7 +99,7 @@ def test_evaluate_is_token_weighted():
 # A toy regression whose `z` gradient is NaN exactly on batches with s == 0 (d/dz sqrt(s z) = s / (2 sqrt(s z))).
 def _toy_loss(params, batch, rng):
   pred = batch["x"] @ params["w"]
-  return jnp.sum((pred - batch["y"]) ** 2) + jnp.sum(jnp.sqrt(batch["s"] * params["z"])), jnp.float32(len(pred))
+  return jnp.sum((pred - batch["y"]) ** 2) + jnp.sum(jnp.sqrt(batch["s"] * params["z"])), jnp.float32(len(pred)), {}
 
 
 class _Batches:

@@ -47,9 +47,9 @@ def _one_step(spec=None, rules="dp", microbatches=1, opt="adamw"):
   cfg, batch = CFG, None
   mesh = shd.make_mesh(spec) if spec else None
   tx = _tx(opt)
-  state = st.init_state(lambda k: tfm.init(cfg, k), tx, seed=0, mesh=mesh, rules=rules)
+  state = st.init_state(lambda k: tfm.init(cfg, k), tx, seed=0, mesh=mesh, rules=rules, axes=tfm.AXES)
   fn = sp.make_train_step(sp.lm_loss_fn(cfg), tx, microbatches=microbatches, mesh=mesh)
-  step = sp.jit_train_step(fn, state, mesh, rules)
+  step = sp.jit_train_step(fn, state, mesh, rules, axes=tfm.AXES)
   batch = _batch()
   placed = shd.shard_batch(batch, mesh) if mesh is not None else batch
   new, m = step(state, placed)
@@ -79,7 +79,7 @@ def test_document_mask_isolates_packed_documents():
   logits_packed = tfm.forward(params, jnp.asarray(row["inputs"]), CFG, **kw).logits[0, 7:]
   alone = tfm.forward(params, jnp.asarray(row["inputs"][:, 7:]), CFG).logits[0]
   np.testing.assert_allclose(np.asarray(logits_packed), np.asarray(alone), atol=1e-5)
-  s, _ = jax.jit(sp.lm_loss_fn(CFG))(params, {k: jnp.asarray(v) for k, v in row.items()}, None)
+  s, _, _ = jax.jit(sp.lm_loss_fn(CFG))(params, {k: jnp.asarray(v) for k, v in row.items()}, None)
   first = tfm.forward(params, jnp.asarray(row["inputs"][:, :7]), CFG).logits[0]
   want_s, _ = sp.next_token_nll(jnp.concatenate([first, alone])[None], jnp.asarray(row["targets"]),
                                 jnp.asarray(row["loss_mask"]))
@@ -141,7 +141,7 @@ def test_nonfinite_step_keeps_state_and_flags_leaf():
   params = {"a": jnp.ones(3), "b": jnp.zeros(2)}
 
   def loss_fn(p, batch, rng):
-    return jnp.sum(p["a"] * batch["x"]) + jnp.sum(jnp.sqrt(p["b"])), jnp.float32(1)
+    return jnp.sum(p["a"] * batch["x"]) + jnp.sum(jnp.sqrt(p["b"])), jnp.float32(1), {}
   tx = optax.sgd(0.1)
   state = st.create(params, tx)
   step = jax.jit(sp.make_train_step(loss_fn, tx))

@@ -21,18 +21,23 @@ import dataclasses
 import itertools
 import os
 import re
-from typing import NamedTuple, Sequence
+from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
 
+from jaxlab import choices
 from jaxlab.data import corpus as corpus_lib
 
+Op = Literal["add", "sub", "mul"]
 OPS = {"add": "+", "sub": "-", "mul": "*"}
+choices.same(OPS, Op)
 PHRASES = {"add": "Gets {b} more.", "sub": "Gives away {b}.", "mul": "Multiplies them by {b}."}
 NAMES = ("Ann", "Ben", "Cat", "Dan", "Eve", "Max", "Sam", "Zoe")
 ITEMS = ("apples", "pens", "cards", "coins", "books", "shells")
-LABELS = ("op", "pattern", "digits")
-FORMATS = ("gsm8k", "metamathqa", "commonsense")
+Label = Literal["op", "pattern", "digits"]
+LABELS = choices.values(Label)
+Format = Literal["gsm8k", "metamathqa", "commonsense"]  # a JSONL file's layout (`load_jsonl`)
+FORMATS = choices.values(Format)
 
 
 class Example(NamedTuple):
@@ -63,12 +68,12 @@ class Arithmetic:
     label_by: "op" (first operation), "pattern" (the operation sequence) or "digits" (answer digits - 1).
     salt: changes the train/test assignment.
   """
-  ops: tuple[str, ...] = ("add", "sub")
+  ops: tuple[Op, ...] = ("add", "sub")
   steps: int = 2
   digits: int = 1
   mul_max: int = 3
   test_fraction: float = 0.1
-  label_by: str = "op"
+  label_by: Label = "op"
   salt: str = "arith"
 
   def __post_init__(self):
@@ -82,8 +87,7 @@ class Arithmetic:
                        f"steps={self.steps}, digits={self.digits}, mul_max={self.mul_max}")
     if not 0.0 < self.test_fraction < 1.0:
       raise ValueError(f"Arithmetic.test_fraction must be in (0, 1), found {self.test_fraction}")
-    if self.label_by not in LABELS:
-      raise ValueError(f"Arithmetic.label_by must be one of {LABELS}, found {self.label_by!r}")
+    choices.check(self, prefix="Arithmetic.")
 
   @property
   def patterns(self) -> list[tuple[str, ...]]:

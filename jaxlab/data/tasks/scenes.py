@@ -28,9 +28,11 @@ import glob
 import gzip
 import json
 import os
-from typing import NamedTuple, Sequence
+from typing import Literal, NamedTuple, Sequence
 
 import numpy as np
+
+from jaxlab import choices
 
 COLOURS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.75, 0.15), "blue": (0.15, 0.3, 1.0), "yellow": (0.95, 0.9, 0.1),
            "cyan": (0.1, 0.85, 0.9), "magenta": (0.9, 0.2, 0.9), "orange": (1.0, 0.55, 0.05),
@@ -57,7 +59,8 @@ PLACES = ("street", "park", "room", "kitchen", "beach", "field", "road", "city",
           "station", "market", "yard", "table", "shelf", "floor", "grass", "snow", "water")
 PREPOSITIONS = ("in", "near", "under", "behind", "beside", "next", "to", "by", "with", "inside")
 GENERAL_WORDS = NOUNS + ADJECTIVES + VERBS + PLACES + PREPOSITIONS + ("this", "that", "very", "today")
-SOURCES = ("shapes", "digits", "fashion_mnist")
+Source = Literal["shapes", "digits", "fashion_mnist"]
+SOURCES = choices.values(Source)
 FASHION_DIRS = ("/usr/share/dataset-fashion-mnist", "/usr/share/fashion-mnist", "/usr/share/datasets/fashion-mnist")
 
 
@@ -72,7 +75,7 @@ class SceneConfig:
   max_size: int = 20
   min_cover: float = 0.2
   noise: float = 0.03
-  objects: str = "shapes"
+  objects: Source = "shapes"
   fashion_path: str | None = None
 
   def __post_init__(self):
@@ -86,8 +89,7 @@ class SceneConfig:
                        f"{self.max_size}")
     if not 0 < self.min_cover <= 1:
       raise ValueError(f"SceneConfig: min_cover must be in (0, 1], found {self.min_cover}")
-    if self.objects not in SOURCES:
-      raise ValueError(f"SceneConfig: objects must be one of {SOURCES}, found {self.objects!r}")
+    choices.check(self, prefix="SceneConfig: ")
 
   @property
   def grid(self) -> int:

@@ -118,7 +118,7 @@ def test_connector_training_lowers_the_loss_and_moves_only_the_connector(params,
   loss_fn = losses.multimodal_loss_fn(mcfg, freeze=True)
 
   def mean_loss(connector):
-    s, w = loss_fn({"connector": connector, "lm": params["lm"]}, jax.tree.map(jnp.asarray, data), None)
+    s, w, _ = loss_fn({"connector": connector, "lm": params["lm"]}, jax.tree.map(jnp.asarray, data), None)
     return float(s / w)
 
   before = mean_loss(params["connector"])
@@ -142,11 +142,12 @@ def test_connector_step_sharded_equals_single_device(params):
   loss_fn = losses.multimodal_loss_fn(mcfg, freeze=True)
   tx = vlm.connector_only(optax.sgd(0.5))
   p = {"connector": params["connector"], "lm": params["lm"]}
+  mm_axes = multimodal.AXES  # the LM's and the connector's
 
   def one_step(mesh):
-    pp = jax.tree.map(jnp.copy, p) if mesh is None else sharding.shard_params(p, mesh, "fsdp_tp")
-    state = state_lib.state_from_params(pp, tx, mesh=mesh, rules="fsdp_tp")
-    step = recipes.train_step(loss_fn, tx, state, mesh, "fsdp_tp")
+    pp = jax.tree.map(jnp.copy, p) if mesh is None else sharding.shard_params(p, mesh, "fsdp_tp", axes=mm_axes)
+    state = state_lib.state_from_params(pp, tx, mesh=mesh, rules="fsdp_tp", axes=mm_axes)
+    step = recipes.train_step(loss_fn, tx, state, mesh, "fsdp_tp", axes=mm_axes)
     batch = data if mesh is None else sharding.shard_batch(data, mesh)
     new, m = step(state, jax.tree.map(jnp.asarray, batch) if mesh is None else batch)
     return jax.tree.map(np.asarray, new.params), float(m["loss"])

@@ -189,11 +189,12 @@ def test_bad_configs_and_paths_are_named(tmp_path):
     exp.Config(agents=("reference", "gpt"))
   with pytest.raises(ValueError, match="unknown dvworld task ids"):
     exp.Config(tasks=("nope",))
-  with pytest.raises(ValueError, match="this preset needs gold_dir"):
-    exp.run(exp.PRESETS["full"], str(tmp_path), False)
-  cfg = registry.apply_overrides(exp.PRESETS["full"], [f"gold_dir={tmp_path}", f"results_dir={tmp_path}"])
+  with pytest.raises(registry.OverrideError, match="judge_path is required .*gold_dir is required .*results_dir"):
+    registry.config_for("dvworld", "full")
+  with pytest.raises(registry.OverrideError, match="dvworld --preset full: judge_path is required"):
+    registry.config_for("dvworld", "full", [f"gold_dir={tmp_path}", f"results_dir={tmp_path}"])
   with pytest.raises(ValueError, match="needs an MLLM judge"):
-    exp.run(cfg, str(tmp_path), False)
+    rubric.CommandJudge("")
   with pytest.raises(FileNotFoundError, match="expected an executable MLLM judge"):
     rubric.CommandJudge(str(tmp_path / "judge"))
   with pytest.raises(ValueError, match="needs judge='mllm'"):

@@ -108,10 +108,10 @@ def test_batch_indices_point_at_the_response_on_both_sides(params):
 
 def test_picl_at_lambda_zero_is_dpo_plus_nll(params):
   b, _ = _batch(params)
-  got, w = jax.jit(picl.picl_loss_fn(CFG, beta=0.1, alpha=0.1, lam=0.0))(params, b, None)
+  got, w, _ = jax.jit(picl.picl_loss_fn(CFG, beta=0.1, alpha=0.1, lam=0.0))(params, b, None)
   pair_keys = {k: b[k] for k in ("chosen_inputs", "chosen_targets", "chosen_mask", "rejected_inputs",
                                  "rejected_targets", "rejected_mask", "ref_chosen_logp", "ref_rejected_logp")}
-  dpo_sum, pairs = jax.jit(losses.dpo_loss_fn(CFG, beta=0.1))(params, pair_keys, None)
+  dpo_sum, pairs, _ = jax.jit(losses.dpo_loss_fn(CFG, beta=0.1))(params, pair_keys, None)
   logits = fwd(params, b["sft_inputs"])
   seq, cnt = losses.sequence_logprobs(logits, b["sft_targets"], b["sft_mask"])
   want = (dpo_sum + 0.1 * jnp.sum(-seq / cnt)) / (pairs + 2)
@@ -134,9 +134,9 @@ def test_picl_at_lambda_zero_is_dpo_plus_nll(params):
 def test_picl_pic_term_through_the_model(params):
   b, _ = _batch(params)
   lam = 2.0
-  with_pic = jax.jit(picl.picl_terms_fn(CFG, lam=lam, top_k=10))
-  base = jax.jit(picl.picl_terms_fn(CFG, lam=0.0))
-  (l1, w1, st), (l0, _, _) = with_pic(params, b), base(params, b)
+  with_pic = jax.jit(picl.picl_loss_fn(CFG, lam=lam, top_k=10))
+  base = jax.jit(picl.picl_loss_fn(CFG, lam=0.0))
+  (l1, w1, st), (l0, _, _) = with_pic(params, b, None), base(params, b, None)
   assert float(st["pic_rows"]) == 2.0 and float(st["pic"]) > 0
   np.testing.assert_allclose((l1 - l0) / w1, lam * st["pic"], rtol=1e-5)
   # NumPy PIC from the model's logits at the batch's indices, the third pair (no persona) left out
@@ -161,18 +161,18 @@ def test_picl_pic_term_through_the_model(params):
     np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
   # same prompts on both sides: PIC is zero
   same, _ = _batch(params, same_prompts=True)
-  _, _, st_same = with_pic(params, dict(same, has_persona=np.ones(3, bool)))
+  _, _, st_same = with_pic(params, dict(same, has_persona=np.ones(3, bool)), None)
   assert abs(float(st_same["pic"])) < 1e-6
 
 
 def test_picl_training_reduces_pic(params):
   b, _ = _batch(params)
-  terms = picl.picl_terms_fn(CFG, lam=1.0, top_k=10)
+  terms = picl.picl_loss_fn(CFG, lam=1.0, top_k=10)
 
   @jax.jit
   def step(p):
-    g = jax.grad(lambda q: terms(q, b)[0] / terms(q, b)[1])(p)
-    return jax.tree_util.tree_map(lambda x, y: x - 0.05 * y, p, g), terms(p, b)[2]["pic"]
+    g = jax.grad(lambda q: terms(q, b, None)[0] / terms(q, b, None)[1])(p)
+    return jax.tree_util.tree_map(lambda x, y: x - 0.05 * y, p, g), terms(p, b, None)[2]["pic"]
 
   p, pic0 = step(params)
   for _ in range(30):

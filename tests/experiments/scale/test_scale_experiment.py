@@ -98,5 +98,5 @@ def test_full_preset_follows_paper_schedule_per_size():
   assert (plan.steps, plan.warmup_steps, plan.lr["scale"], plan.lr["adamw"], plan.rank) == (500, 50, 3e-3, 1e-3, 64)
   with pytest.raises(registry.OverrideError, match="size"):
     registry.apply_overrides(full, ["size=llama-3b"])
-  with pytest.raises(ValueError, match="corpus"):
-    scale_exp.run(full, "/nonexistent", False)
+  with pytest.raises(registry.OverrideError, match="corpus.path is required .*corpus.tokenizer is required"):
+    registry.config_for("scale", "full")

@@ -114,10 +114,10 @@ def test_composed_loss_sharded_equals_single_device(kind, data, tok):
   cfg = ST.model_config(SMOKE, kind, text_cfg(tok), tok.encode("<image>")[0], tok.encode(rea.POINTS)[0])
   params = M.init(cfg, jax.random.PRNGKey(1))
   batch = D.Rows(tok, cfg, ST.point_features(data, 4.0), 8).train_batch(list(range(8)))
-  fn = jax.jit(lambda p, b: M.loss_fn(cfg)(p, b, None))
+  fn = jax.jit(lambda p, b: M.loss_fn(cfg)(p, b, None)[:2])
   single, n1 = fn(params, batch)
   mesh = sharding.make_mesh("fsdp:4,tensor:2")
-  sp = sharding.shard_params(params, mesh, "fsdp_tp")
+  sp = sharding.shard_params(params, mesh, "fsdp_tp", axes=M.AXES)
   lm_up = sp["lm"]["layers"]["mlp"]["up"]["kernel"]
   assert lm_up.addressable_shards[0].data.size < lm_up.size
   multi, n8 = fn(sp, sharding.shard_batch(batch, mesh))
@@ -129,7 +129,7 @@ def test_every_model_parameter_has_axis_names(tok):
   for kind in M.MODELS:
     cfg = ST.model_config(SMOKE, kind, text_cfg(tok), 3, 5)
     shapes = jax.eval_shape(lambda cfg=cfg: M.init(cfg, jax.random.PRNGKey(0)))
-    sharding.param_specs(shapes, "fsdp_tp")  # raises on a parameter without logical names
+    sharding.param_specs(shapes, "fsdp_tp", axes=M.AXES)  # raises on a parameter without logical names
 
 
 def test_scores_by_hand():
@@ -169,7 +169,8 @@ def test_full_preset_paths_are_one_line_errors(tmp_path):
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   err = proc.stderr.strip().splitlines()
-  assert len(err) == 1 and "rea_path must be an existing file, found 'REQUIRED" in err[0]
+  assert len(err) == 1 and "stllm --preset full: rea_path is required (--set rea_path=FILE)" in err[0]
+  assert not (tmp_path / "runs").exists()
   bad = tmp_path / "rea.json"
   bad.write_text(json.dumps([{"scene_id": "P01_01", "pointcloud": "a.npy", "conversations": [{"value": "q"}]}]))
   with pytest.raises(ValueError, match="row 0: expected scene_id, pointcloud, two conversations") as e:

@@ -271,8 +271,9 @@ def test_full_preset_pieces(monkeypatch):
 
 def test_full_preset_needs_its_files(tmp_path):
   import experiments.susvibes as exp
-  with pytest.raises(ValueError, match="needs the SUSVIBES dataset file"):
-    exp.run(exp.PRESETS["full"], str(tmp_path), False)
+  from experiments import registry
+  with pytest.raises(registry.OverrideError, match="susvibes --preset full: dataset_path is required "):
+    registry.config_for("susvibes", "full")
   with pytest.raises(FileNotFoundError, match="found nothing at"):
     exp.run(exp.Config(dataset_path=str(tmp_path / "none.jsonl")), str(tmp_path), False)
   with pytest.raises(ValueError, match="agents must be a non-empty subset"):
