@@ -41,6 +41,9 @@ function claim does not. The two methods also start from different warm starts, 
 
   python -m experiments run bao --preset cpu
   python -m experiments run bao --preset full --set policy=/path/to/Qwen3-1.7B --set user=/path/to/user_model
+
+Paper: arXiv 2602.11351. Code read beside it: SalesforceAIResearch/UserRL @ cf55a30bc379. Method, claims, presets
+and departures from the paper: experiments/bao/README.md.
 """
 from __future__ import annotations
 
@@ -49,10 +52,10 @@ from typing import Literal
 
 from experiments import registry
 from experiments.bao.agent import GYMS, Gym
-from experiments.bao.pipeline import run
-from experiments.bao.turns import CREDITS, SCORES, Credit, Score
+from experiments.bao.turns import Credit, Score
 from experiments.runner.claims import Claim
 from jaxlab import choices
+
 
 Method = Literal["prompt_only", "sft", "grpo_userrl", "bao"]
 METHODS = choices.values(Method)
@@ -107,22 +110,11 @@ class Config:
   def __post_init__(self):
     def bad(key, expected, found):
       raise ValueError(f"bao: {key} must be {expected}, found {found!r}")
-    for g in self.gyms:
-      if g not in GYMS:
-        bad("gyms", f"names from {GYMS}", g)
-    for m in self.methods:
-      if m not in METHODS:
-        bad("methods", f"names from {METHODS}", m)
+    choices.check(self, prefix="bao: ")
     if not self.gyms or not self.methods:
       bad("gyms and methods", "non-empty", (self.gyms, self.methods))
     if len(self.max_turns) != len(GYMS) or min(self.max_turns) < 1:
       bad("max_turns", f"{len(GYMS)} positive turn limits (function, telepathy, turtle)", self.max_turns)
-    if self.credit not in CREDITS:
-      bad("credit", f"one of {CREDITS}", self.credit)
-    if self.score not in SCORES:
-      bad("score", f"one of {SCORES}", self.score)
-    if self.entities not in ("builtin", "wordnet", "auto"):
-      bad("entities", "'builtin', 'wordnet' or 'auto'", self.entities)
     for name in ("d_model", "layers", "heads", "d_ff", "max_len", "max_new_tokens", "bucket", "pretrain_episodes",
                  "pretrain_turns", "sft_episodes", "sft_steps", "batch", "prompts_per_gym", "updates_per_batch",
                  "minibatch", "eval_episodes"):
@@ -165,7 +157,7 @@ def _claim(gym: str) -> Claim:
 
 
 registry.register(registry.Experiment(
-    name="bao", config_cls=Config, presets=PRESETS, run=run,
+    name="bao", config_cls=Config, presets=PRESETS, run=registry.run_of("experiments.bao.run"),
     requires=lambda cfg: ("wordnet",) if cfg.entities == "wordnet" else (),
     description="BAO vs UserRL-GRPO, SFT and prompting on the function / telepathy / turtle gyms: score, "
                 "Pass@U-1, user-involvement rate",

@@ -43,10 +43,7 @@ class TurnCredit:
   eps: float = 1e-6
 
   def __post_init__(self):
-    if self.credit not in CREDITS:
-      raise ValueError(f"TurnCredit: credit must be one of {CREDITS}, found {self.credit!r}")
-    if self.score not in SCORES:
-      raise ValueError(f"TurnCredit: score must be one of {SCORES}, found {self.score!r}")
+    choices.check(self, prefix="TurnCredit: ")
     if not 0.0 <= self.gamma <= 1.0:
       raise ValueError(f"TurnCredit: gamma must be in [0, 1], found {self.gamma}")
     if self.eps < 0:

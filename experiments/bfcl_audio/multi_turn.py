@@ -47,7 +47,7 @@ def load_multi_turn(categories, n: int) -> list[dict]:
   entries = []
   for c in categories:
     if c not in CATEGORIES:
-      raise ValueError(f"unknown multi_turn category {c!r}; expected names from {CATEGORIES}")
+      raise ValueError(choices.message("multi_turn category", CATEGORIES, c))
     questions, answers = bfcl.load(c)
     for q in questions[:n]:
       docs = function_docs(q["involved_classes"])

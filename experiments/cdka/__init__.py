@@ -23,28 +23,22 @@ results.json: accuracy.<m>, trainable_params.<m>, test_loss.<m>, final_loss.<m> 
 (and cdka_alt), the CDKA configs, alignment.rel_error.<r_r1_r2> and alignment.cosine.<m>. Each run also writes
 metrics.jsonl (pretraining and fine-tuning losses), completions.jsonl (every test completion), loss.png,
 alignment.png, table.md and base/ (a pretrained base in transformers format, reusable as setup.model_path).
+
+Paper: arXiv 2602.01267. Code read beside it: rainstonee/CDKA @ c70fe51e199a. Method, claims, presets and departures
+from the paper: experiments/cdka/README.md.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
 from typing import Literal
-
-import jax
-import numpy as np
 
 from experiments._shared import adapters as common
 from experiments import registry
-from experiments._shared.recipes import fit, optimizer
 from experiments.runner.claims import Claim
 from jaxlab import choices
 from jaxlab import sharding as shd
-from jaxlab.adapters import kron, lora
-from jaxlab.data.tasks import arithmetic
-from jaxlab.models import transformer as tfm
-from jaxlab.train import schedules
-from jaxlab.train import state as state_lib
+from jaxlab.adapters import lora
+
 
 Method = Literal["full", "lora", "cdka", "cdka_alt"]
 METHODS = choices.values(Method)
@@ -92,9 +86,9 @@ class Config:
       v = getattr(self, name)
       if not isinstance(v, tuple):
         object.__setattr__(self, name, (v,) if isinstance(v, str) else tuple(v))
-    bad = [m for m in self.methods if m not in METHODS]
-    if not self.methods or bad:
-      raise ValueError(f"methods must be a non-empty subset of {METHODS}, found {self.methods}")
+    choices.check(self)
+    if not self.methods:
+      raise ValueError(f"methods must be a non-empty subset of {METHODS}, found ()")
     for name in ("steps", "batch_size", "lora_rank", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, found {getattr(self, name)}")
@@ -104,8 +98,6 @@ class Config:
     if len({self.cdka_r > 0, self.cdka_r1 > 0, self.cdka_r2 > 0}) != 1:
       raise ValueError(f"set all of cdka_r, cdka_r1, cdka_r2 or none, found {self.cdka_r}, {self.cdka_r1}, "
                        f"{self.cdka_r2}")
-    if self.cdka_prefer not in PREFS:
-      raise ValueError(f"cdka_prefer must be one of {PREFS}, found {self.cdka_prefer!r}")
     if not 0 < self.budget_tolerance < 1:
       raise ValueError(f"budget_tolerance must be in (0, 1), found {self.budget_tolerance}")
     lora.compile_targets(self.targets)
@@ -124,241 +116,18 @@ PRESETS = {
 
 # ------------------------------------------------------------------------------------------ budgets
 
-def lora_budget(shapes: dict, rank: int) -> int:
-  """LoRA's trainable params over `shapes` ({path: [..., in, out]}): rank * (in + out) per matrix."""
-  return sum(math.prod(s[:-2]) * rank * (s[-2] + s[-1]) for s in shapes.values())
-
-
-def cdka_budget(shapes: dict, r: int, r1: int, r2: int) -> int:
-  return sum(math.prod(s[:-2]) * kron.num_params(s[-2], s[-1], r, r1, r2) for s in shapes.values())
-
-
-def _fits(shapes: dict, r1: int, r2: int) -> bool:
-  return all(s[-1] % r1 == 0 and s[-2] % r2 == 0 for s in shapes.values())
-
-
-def choose_cdka(shapes: dict, rank: int, tol: float, prefer: str = "rank") -> dict:
-  """(r, r1, r2) for every target shape at LoRA rank `rank`'s total budget (within `tol`).
-
-  `kron.recommend(prefer=...)` on the first target shape with LoRA's per-matrix budget; when that choice does
-  not divide every target or misses the total budget, the next feasible config in the same preference order.
-  """
-  d_in, d_out = next(iter(shapes.values()))[-2:]
-  per = rank * (d_in + d_out)
-  total = lora_budget(shapes, rank)
-  t1, t2 = kron.RECOMMENDED
-
-  def dist(c):
-    return abs(math.log2(c["r1"] / t1)) + abs(math.log2(c["r2"] / t2))
-  order_key = ((lambda c: (-c["rank_bound"], dist(c), -c["params"], c["r"])) if prefer == "rank" else
-               (lambda c: (dist(c), -c["r"], -c["rank_bound"])))
-  first = kron.recommend(d_in, d_out, per, prefer)
-  for c in [first] + sorted(kron.feasible_configs(d_in, d_out, per), key=order_key):
-    if _fits(shapes, c["r1"], c["r2"]):
-      n = cdka_budget(shapes, c["r"], c["r1"], c["r2"])
-      if abs(n - total) <= tol * total:
-        return {"r": c["r"], "r1": c["r1"], "r2": c["r2"], "params": n}
-  raise ValueError(f"no CDKA (r, r1, r2) divides every target {sorted(set(shapes.values()))} within "
-                   f"{tol:.0%} of LoRA rank {rank}'s {total} params")
-
 
 # --------------------------------------------------------------------------------------- fine-tuning
-
-def _masked_adapter_loss(merge_fn, sft_loss):
-  def loss_fn(params, batch, rng):
-    base = jax.lax.stop_gradient(params["base"])
-    return sft_loss(merge_fn(base, params["adapter"]), batch, rng)
-  return loss_fn
-
-
-def finetune(cfg: Config, ctx: common.Context, lr: float, adapter_mod, adapter_cfg, key, writer, name: str):
-  """Fine-tunes the base (adapter_mod None: every param) for cfg.steps AdamW steps.
-
-  Returns:
-    (effective params, trainable param count, loss history).
-  """
-  schedule = schedules.get("cosine", lr, cfg.steps, cfg.warmup_steps, 0.1)
-  inner = optimizer(schedule, "adamw", cfg.grad_clip, weight_decay=cfg.weight_decay)
-  base = jax.tree.map(lambda x: x.copy(), ctx.params)  # the train step donates its state
-  sft_loss = common.sft_loss_fn(ctx.model)
-  rules = tfm.AXES if adapter_mod is None else adapter_mod.axis_rules(tfm.AXES)
-  if adapter_mod is None:
-    params, tx, loss_fn, trainable = base, inner, sft_loss, tfm.num_params(base)
-  else:
-    def merge(b, a):
-      return adapter_mod.merge(b, a, adapter_cfg)
-    adapter = adapter_mod.init(adapter_cfg, base, key)
-    params = {"base": base, "adapter": adapter}
-    tx = lora.masked(inner, params, (r"^adapter/",))
-    loss_fn, trainable = _masked_adapter_loss(merge, sft_loss), tfm.num_params(adapter)
-  mesh = common.mesh_of(cfg.mesh)
-  state = state_lib.TrainState(params, tx.init(params), np.zeros((), np.int32), jax.random.PRNGKey(cfg.seed))
-  if mesh is not None:
-    state = state_lib.place(state, mesh, cfg.strategy, axes=rules)
-  batches = common.sft_batches(ctx.train_arrays, cfg.batch_size, cfg.seed + 1)
-  res, _ = fit(state, loss_fn, tx, batches, cfg.steps, mesh=mesh, strategy=cfg.strategy, axes=rules, schedule=schedule,
-               shard_fn=common.shard_fn(mesh), log_every=cfg.log_every, desc=f"cdka:{name}")
-  for r in res.history:
-    writer.write({"phase": "finetune", "method": name, **r})
-  out = res.state.params
-  effective = out if adapter_mod is None else merge(out["base"], out["adapter"])
-  return effective, trainable, res.history
 
 
 # ------------------------------------------------------------------------------------------ analysis
 
-def _matrices(shapes: dict, limit: int) -> list[tuple[str, int | None]]:
-  items = [(p, i) for p, s in shapes.items() for i in (range(s[0]) if len(s) == 3 else [None])]
-  if limit and len(items) > limit:
-    items = [items[j] for j in np.linspace(0, len(items) - 1, limit).round().astype(int)]
-  return items
-
-
-def analysis_configs(shapes: dict, rank: int, chosen: list[dict], tol: float) -> list[dict]:
-  """LoRA (r1 = r2 = 1), r1 = r2 = s for every s dividing every target (exactly LoRA's budget: r (p q + m n) =
-  r (out + in) when r1 = r2), and the `chosen` CDKA configs."""
-  cands = [{"r": rank, "r1": s, "r2": s} for s in (1, 2, 4, 8, 16, 32) if _fits(shapes, s, s)]
-  cands += [{k: c[k] for k in ("r", "r1", "r2")} for c in chosen]
-  out, seen = [], set()
-  for c in cands:
-    key = (c["r"], c["r1"], c["r2"])
-    if key not in seen:
-      seen.add(key)
-      out.append(c)
-  return out
-
-
-def alignment(base, full, adapters: dict, shapes: dict, configs: list[dict], limit: int) -> dict:
-  """Relative error of the best approximation of the full update per config, and the trained adapters' cosine.
-
-  Args:
-    base, full: params before and after full fine-tuning.
-    adapters: {method: effective params after adapter fine-tuning}.
-    shapes: {kernel path: shape} of the targets.
-    configs: (r, r1, r2) dicts to analyse.
-    limit: analyse at most this many matrices (0: all).
-  """
-  errs = {c_key(c): [] for c in configs}
-  cos = {m: [] for m in adapters}
-  for path, i in _matrices(shapes, limit):
-    def mat(tree, path=path, i=i):
-      w = np.asarray(jax.device_get(lora.get_path(tree, path)), np.float64)
-      return w if i is None else w[i]
-    w0 = mat(base)
-    dw = (mat(full) - w0).T  # [out, in]
-    if not np.any(dw):
-      continue
-    for c in configs:
-      errs[c_key(c)].append(kron.nearest_kron(dw, c["r1"], c["r2"], c["r"])[2])
-    for m, p in adapters.items():
-      da = (mat(p) - w0).T
-      cos[m].append(float(np.sum(da * dw) / (np.linalg.norm(da) * np.linalg.norm(dw) + 1e-30)))
-  return {"rel_error": {k: float(np.mean(v)) if v else float("nan") for k, v in errs.items()},
-          "cosine": {m: float(np.mean(v)) if v else float("nan") for m, v in cos.items()}}
-
-
-def c_key(c: dict) -> str:
-  return f"r{c['r']}_r1{c['r1']}_r2{c['r2']}"
-
 
 # ------------------------------------------------------------------------------------------------ run
 
-def _cdka_configs(cfg: Config, shapes: dict) -> dict:
-  """{"cdka": chosen, "cdka_alt": the other preference} as (r, r1, r2, params) dicts."""
-  alt = "shape" if cfg.cdka_prefer == "rank" else "rank"
-  out = {"cdka_alt": choose_cdka(shapes, cfg.lora_rank, cfg.budget_tolerance, alt)}
-  if cfg.cdka_r:
-    out["cdka"] = {"r": cfg.cdka_r, "r1": cfg.cdka_r1, "r2": cfg.cdka_r2,
-                   "params": cdka_budget(shapes, cfg.cdka_r, cfg.cdka_r1, cfg.cdka_r2)}
-  else:
-    out["cdka"] = choose_cdka(shapes, cfg.lora_rank, cfg.budget_tolerance, cfg.cdka_prefer)
-  return out
-
-
-def run(cfg: Config, out_dir: str, resume: bool) -> dict:
-  del resume  # a finished run is cheap to repeat; nothing is checkpointed mid-way
-  common.check_paths(cfg.setup)
-  writer = common.Writer(os.path.join(out_dir, "metrics.jsonl"))
-  ctx = common.prepare(cfg.setup, out_dir, writer, cfg.seed)
-  shapes = lora.target_paths(ctx.params, cfg.targets)
-  lcfg = lora.Config(rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.targets, rslora=cfg.lora_rslora)
-  kconfigs = _cdka_configs(cfg, shapes) if any(m.startswith("cdka") for m in cfg.methods) else {}
-  adapters = {"full": (None, None, cfg.lr_full), "lora": (lora, lcfg, cfg.lr_lora)}
-  for m, c in kconfigs.items():
-    adapters[m] = (kron, kron.Config(r=c["r"], r1=c["r1"], r2=c["r2"], alpha=cfg.cdka_alpha, targets=cfg.targets),
-                   cfg.lr_cdka)
-  results: dict = {"accuracy": {}, "trainable_params": {}, "final_loss": {}, "test_loss": {}}
-  results["accuracy"]["base"] = ctx.evaluate(ctx.params)[0]
-  results["test_loss"]["base"] = ctx.test_loss(ctx.params)
-  if cfg.setup.train_path is None:
-    results["base_equation_accuracy"] = ctx.evaluate(ctx.params, arithmetic.equation_problems(
-        cfg.setup.arithmetic(), cfg.setup.test_examples, "test", cfg.seed + 12))[0]
-  curves, effective, key = {}, {}, jax.random.PRNGKey(cfg.seed + 2)
-  completions_path = common.fresh(os.path.join(out_dir, "completions.jsonl"))
-  for method in cfg.methods:
-    mod, acfg, lr = adapters[method]
-    params, n, hist = finetune(cfg, ctx, lr, mod, acfg, key, writer, method)
-    acc, completions = ctx.evaluate(params)
-    common.write_completions(completions_path, method, ctx.test, completions)
-    results["accuracy"][method] = acc
-    results["trainable_params"][method] = n
-    results["final_loss"][method] = hist[-1]["loss"]
-    results["test_loss"][method] = ctx.test_loss(params)
-    curves[method] = ([r["step"] for r in hist], [r["loss"] for r in hist])
-    effective[method] = params
-    writer.write({"phase": "eval", "method": method, "accuracy": acc, "trainable_params": n,
-                  "examples": [[e.prompt, c] for e, c in zip(ctx.test[:5], completions[:5])]})
-    print(f"cdka: {method} accuracy {acc:.3f} with {n} trainable params", flush=True)
-  for m, c in kconfigs.items():
-    results[f"{m}_config"] = f"r={c['r']},r1={c['r1']},r2={c['r2']}"
-    results[f"{m}_rank_bound"] = min(kron.rank_bound(s[-2], s[-1], c["r"], c["r1"], c["r2"]) for s in shapes.values())
-  results["cdka_prefer"] = cfg.cdka_prefer if not cfg.cdka_r else "fixed"
-  results["lora_rank"] = cfg.lora_rank
-  plots = {}
-  if cfg.analysis and "full" in effective:
-    configs = analysis_configs(shapes, cfg.lora_rank, [c for m, c in kconfigs.items() if m in cfg.methods],
-                               cfg.budget_tolerance)
-    al = alignment(ctx.params, effective["full"], {m: p for m, p in effective.items() if m != "full"}, shapes,
-                   configs, cfg.analysis_max_matrices)
-    results["alignment"] = al
-    writer.write({"phase": "alignment", **al, "configs": configs})
-    plots = {c_key(c): (al["rel_error"][c_key(c)], cdka_budget(shapes, c["r"], c["r1"], c["r2"]),
-                        min(kron.rank_bound(s[-2], s[-1], c["r"], c["r1"], c["r2"]) for s in shapes.values()))
-             for c in configs}
-  writer.close()
-  if jax.process_index() == 0:
-    registry.plot_curves(os.path.join(out_dir, "loss.png"), curves, ylabel="fine-tuning loss (answer tokens)",
-                         title="cdka: full vs LoRA vs CDKA", logy=True)
-    if plots:
-      common.bar_plot(os.path.join(out_dir, "alignment.png"), {k: v[0] for k, v in plots.items()},
-                      ylabel="rel. error of best approx. of full-FT dW",
-                      title=f"same budget as LoRA rank {cfg.lora_rank} (r1=r2=1 is LoRA)")
-    _write_table(os.path.join(out_dir, "table.md"), cfg, results, plots)
-  return results
-
-
-def _write_table(path: str, cfg: Config, res: dict, plots: dict) -> None:
-  lr = {"full": cfg.lr_full, "lora": cfg.lr_lora, "cdka": cfg.lr_cdka, "cdka_alt": cfg.lr_cdka}
-  lines = ["| method | accuracy | test loss | trainable params | lr | final train loss |",
-           "|---|---|---|---|---|---|",
-           f"| base (no fine-tuning) | {res['accuracy']['base']:.3f} | {res['test_loss']['base']:.4f} | 0 | - | - |"]
-  for m in cfg.methods:
-    name = {"full": "full", "lora": f"LoRA r={cfg.lora_rank}"}.get(m) or f"{m} {res[m + '_config']}"
-    lines.append(f"| {name} | {res['accuracy'][m]:.3f} | {res['test_loss'][m]:.4f} | {res['trainable_params'][m]} | "
-                 f"{lr[m]:g} | {res['final_loss'][m]:.4f} |")
-  if plots:
-    lines += ["", "Alignment with the full fine-tuning update (mean over matrices of the relative Frobenius error "
-              "of the best approximation with that structure):", "",
-              "| (r, r1, r2) | params | rank bound | rel. error |", "|---|---|---|---|"]
-    lines += [f"| {k} | {n} | {rb} | {e:.4f} |" for k, (e, n, rb) in plots.items()]
-    lines += ["", "Cosine of the trained adapters' update with the full update: "
-              + ", ".join(f"{m} {v:.3f}" for m, v in res["alignment"]["cosine"].items())]
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
-
 
 registry.register(registry.Experiment(
-    name="cdka", config_cls=Config, presets=PRESETS, run=run,
+    name="cdka", config_cls=Config, presets=PRESETS, run=registry.run_of("experiments.cdka.run"),
     description="CDKA vs LoRA vs full fine-tuning at equal budgets on arithmetic word problems (+ alignment)",
     results=("accuracy.<method>", "trainable_params.<method>", "final_loss.<method>", "test_loss.<method>",
              "base_equation_accuracy?", "cdka_config", "cdka_rank_bound", "cdka_alt_config", "cdka_alt_rank_bound",

@@ -25,20 +25,20 @@ results.json: accuracy.<m>, upload_bytes.<m> (cumulative over all rounds and cli
 FedLoRA), test_loss.<m> for m in fedlora, hetlora, fslora, fslora_reweighted and fslora_q<ratio> (the sweep).
 Writes metrics.jsonl (one record per round and method), completions.jsonl (final test completions per method),
 accuracy_vs_bytes.png, test_loss_vs_bytes.png, sketch_ratio.png, train_loss.png and table.md.
+
+Paper: arXiv 2501.19389. Code read beside it: wenzhifang/Federated-Sketching-LoRA-Implementation @ ac24177385ea.
+Method, claims, presets and departures from the paper: experiments/fslora/README.md.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
-
-import jax
-import jax.numpy as jnp
-import numpy as np
 
 from experiments._shared import adapters as common
 from experiments import registry
 from experiments.runner.claims import Claim
+from jaxlab import choices
 from jaxlab.adapters import fslora, lora
+
 
 METHODS = fslora.METHODS
 
@@ -73,9 +73,9 @@ class Config:
       v = getattr(self, name)
       if not isinstance(v, tuple):
         object.__setattr__(self, name, (v,) if isinstance(v, (str, int, float)) else tuple(v))
-    bad = [m for m in self.methods if m not in METHODS]
-    if not self.methods or bad:
-      raise ValueError(f"methods must be a non-empty subset of {METHODS}, found {self.methods}")
+    choices.check(self)
+    if not self.methods:
+      raise ValueError(f"methods must be a non-empty subset of {METHODS}, found ()")
     if self.rounds < 1 or self.eval_every < 0:
       raise ValueError(f"rounds must be >= 1 and eval_every >= 0, found {self.rounds}, {self.eval_every}")
     if self.dirichlet_alpha <= 0:
@@ -108,117 +108,8 @@ PRESETS = {
 }
 
 
-def client_labels(examples) -> np.ndarray:
-  """Each example's class for the Dirichlet split: its label, or (when all share one) its answer's length."""
-  labels = np.asarray([e.label for e in examples])
-  if len(np.unique(labels)) > 1:
-    return labels
-  lengths = np.asarray([len(e.answer) for e in examples])
-  return np.unique(np.minimum(lengths, 8), return_inverse=True)[1]
-
-
-def mean_loss_fn(model_cfg):
-  sft = common.sft_loss_fn(model_cfg)
-
-  def loss_fn(params, batch):
-    s, w, _ = sft(params, batch, None)
-    return s / jnp.maximum(w, 1.0)
-  return loss_fn
-
-
-def run(cfg: Config, out_dir: str, resume: bool) -> dict:
-  del resume  # a finished run is cheap to repeat; nothing is checkpointed mid-way
-  common.check_paths(cfg.setup)
-  writer = common.Writer(os.path.join(out_dir, "metrics.jsonl"))
-  ctx = common.prepare(cfg.setup, out_dir, writer, cfg.seed)
-  labels = client_labels(ctx.train)
-  splits = fslora.dirichlet_split(labels, cfg.n_clients, cfg.dirichlet_alpha, seed=cfg.seed)
-  data, sizes = fslora.stack_clients(ctx.train_arrays, splits)
-  writer.write({"phase": "split", "sizes": sizes.tolist(),
-                "classes": [np.bincount(labels[s], minlength=labels.max() + 1).tolist() for s in splits]})
-  loss_fn = mean_loss_fn(ctx.model)
-
-  last = {}
-
-  def eval_fn(params):
-    acc, last["completions"] = ctx.evaluate(params)
-    return {"accuracy": acc, "test_loss": ctx.test_loss(params)}
-
-  runs = [(m, m, None, False) for m in cfg.methods]
-  runs += [("fslora_reweighted", "fslora", None, True)] if cfg.reweighted else []
-  runs += [(f"fslora_q{q:g}", "fslora", (q,), False) for q in cfg.sweep_ratios if q < 1]
-  key = jax.random.PRNGKey(cfg.seed + 3)
-  hist, base_acc, base_loss = {}, ctx.evaluate(ctx.params)[0], ctx.test_loss(ctx.params)
-  completions_path = common.fresh(os.path.join(out_dir, "completions.jsonl"))
-  for name, method, ratios, reweight in runs:
-    fcfg = cfg.federation(method, ratios, reweight)
-    _, h = fslora.simulate(fcfg, loss_fn, ctx.params, data, sizes, cfg.rounds, key, eval_fn, cfg.eval_every)
-    for r in h:
-      writer.write({"phase": "federated", "method": name, **r})
-    hist[name] = h
-    common.write_completions(completions_path, name, ctx.test, last["completions"])
-    print(f"fslora: {name} accuracy {h[-1]['accuracy']:.3f} after {h[-1]['upload_bytes'] / 2**20:.2f} MiB "
-          "uploaded", flush=True)
-  writer.close()
-
-  res: dict = {"accuracy": {"base": base_acc}, "test_loss": {"base": base_loss}, "upload_bytes": {},
-               "bytes_ratio": {}, "final_train_loss": {}}
-  ref = hist["fedlora"][-1]["upload_bytes"] if "fedlora" in hist else None
-  for name, h in hist.items():
-    res["accuracy"][name] = h[-1]["accuracy"]
-    res["test_loss"][name] = h[-1]["test_loss"]
-    res["upload_bytes"][name] = h[-1]["upload_bytes"]
-    res["final_train_loss"][name] = h[-1]["train_loss"]
-    if ref:
-      res["bytes_ratio"][name] = h[-1]["upload_bytes"] / ref
-  if "fedlora" in hist and "fslora" in hist:
-    res["fslora_minus_fedlora_points"] = 100 * (res["accuracy"]["fslora"] - res["accuracy"]["fedlora"])
-  res["client_sizes_min_max"] = f"{int(sizes.min())}-{int(sizes.max())}"
-  if jax.process_index() == 0:
-    _plots(out_dir, cfg, hist, base_acc, base_loss)
-    _table(os.path.join(out_dir, "table.md"), cfg, res)
-  return res
-
-
-def _plots(out_dir: str, cfg: Config, hist: dict, base_acc: float, base_loss: float) -> None:
-  for key, base, name, label in (("accuracy", base_acc, "accuracy_vs_bytes.png", "test accuracy (exact match)"),
-                                 ("test_loss", base_loss, "test_loss_vs_bytes.png", "test NLL of the solutions")):
-    series = {n: ([0] + [r["upload_bytes"] / 2**20 for r in h if key in r], [base] + [r[key] for r in h if key in r])
-              for n, h in hist.items()}
-    registry.plot_curves(os.path.join(out_dir, name), series, xlabel="cumulative upload (MiB)", ylabel=label,
-                         title=f"rank {cfg.rank}, heterogeneous ratios {cfg.ratios}", logy=key == "test_loss")
-  registry.plot_curves(os.path.join(out_dir, "train_loss.png"),
-                       {n: ([r["round"] for r in h], [r["train_loss"] for r in h]) for n, h in hist.items()},
-                       xlabel="round", ylabel="client loss (last local step)", logy=True)
-  sweep = {1.0: "fedlora", **{q: f"fslora_q{q:g}" for q in cfg.sweep_ratios if q < 1}}
-  pts = sorted((q, hist[n][-1]) for q, n in sweep.items() if n in hist)
-  if len(pts) > 1:
-    registry.plot_curves(os.path.join(out_dir, "sketch_ratio.png"),
-                         {"accuracy": ([q for q, _ in pts], [r["accuracy"] for _, r in pts]),
-                          "test NLL": ([q for q, _ in pts], [r["test_loss"] for _, r in pts])},
-                         xlabel="sketch ratio k/r (every client)", ylabel="test accuracy / test NLL",
-                         title=f"FSLoRA, {cfg.rounds} rounds (ratio 1 = FedLoRA)")
-
-
-def _table(path: str, cfg: Config, res: dict) -> None:
-  lines = ["| method | accuracy | test loss | uploaded MiB | bytes / FedLoRA | final client loss |",
-           "|---|---|---|---|---|---|",
-           f"| base (no fine-tuning) | {res['accuracy']['base']:.3f} | {res['test_loss']['base']:.4f} | 0 | 0 | - |"]
-  for n in res["upload_bytes"]:
-    ratio = res["bytes_ratio"].get(n, float("nan"))
-    lines.append(f"| {n} | {res['accuracy'][n]:.3f} | {res['test_loss'][n]:.4f} | "
-                 f"{res['upload_bytes'][n] / 2**20:.2f} | {ratio:.3f} | {res['final_train_loss'][n]:.4f} |")
-  lines += ["", f"{cfg.n_clients} clients, {cfg.clients_per_round} per round, {cfg.rounds} rounds, H = "
-            f"{cfg.local_steps}, client {cfg.local_opt} lr {cfg.local_lr:g}"
-            f"{' cosine-decayed over the rounds to 0.1x' if cfg.lr_decay else ''}, server {cfg.server_opt} lr "
-            f"{cfg.server_lr:g}, rank {cfg.rank}, heterogeneous ratios {cfg.ratios}, Dirichlet alpha "
-            f"{cfg.dirichlet_alpha}, client sizes {res['client_sizes_min_max']}."]
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
-
-
 registry.register(registry.Experiment(
-    name="fslora", config_cls=Config, presets=PRESETS, run=run,
+    name="fslora", config_cls=Config, presets=PRESETS, run=registry.run_of("experiments.fslora.run"),
     description="FSLoRA vs FedLoRA vs HetLoRA: accuracy against uploaded bytes, sketch-ratio sweep",
     results=("accuracy.<run>", "test_loss.<run>", "upload_bytes.<run>", "final_train_loss.<run>", "bytes_ratio.<run>?",
              "fslora_minus_fedlora_points?", "client_sizes_min_max"),

@@ -194,6 +194,15 @@ def register(exp: Experiment) -> Experiment:
   return exp
 
 
+def run_of(module: str) -> Callable[[Any, str, bool], dict]:
+  """The `run(cfg, out_dir, resume)` of `module` (a paper's `experiments/<paper>/run.py`), imported at its first
+  call: run.py reads its package's Config, so the package names its run instead of importing it."""
+  def run(cfg, out_dir: str, resume: bool) -> dict:
+    return importlib.import_module(module).run(cfg, out_dir, resume)
+  run.__qualname__ = run.__name__ = f"run_of({module!r})"
+  return run
+
+
 def register_bench(name: str, fn: Callable[[list], dict], description: str = "") -> Bench:
   _BENCHES[name] = Bench(name, fn, description)
   return _BENCHES[name]

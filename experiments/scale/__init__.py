@@ -17,37 +17,24 @@ scripts' lr / warmup / steps, batch 512, sequence 256, cosine to 0.1x, bf16 comp
   python -m experiments run scale --preset cpu
   python -m experiments run scale --preset full --set size=llama-350m --set corpus.path=/data/c4 \\
       --set corpus.tokenizer=/tok/t5 --set microbatches=4
+
+Paper: arXiv 2506.16659. Code read beside it: OptimAI-Lab/Minimalist_LLM_Pretraining @ f5bd4e754eb9. Method, claims,
+presets and departures from the paper: experiments/scale/README.md.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
-import os
-import time
 from typing import Literal
-
-import jax
-import numpy as np
-import optax
 
 from experiments import registry
 from experiments._shared import config as shared_cfg
 from experiments.runner.claims import Claim
-from experiments._shared.data import load_corpus
-from experiments._shared.records import dedupe
-from experiments._shared.recipes import byte_model, compute_dtype, optimizer, train_step as make_step
-from jaxlab import data as data_lib
-from jaxlab import choices, losses
+from experiments._shared.recipes import byte_model
+from jaxlab import choices
 from jaxlab import sharding as shd
 from jaxlab.models import transformer as tfm
-from jaxlab.optim import memory
-from jaxlab.train import loop as loop_lib
-from jaxlab.train import metrics as metrics_lib
 from jaxlab.train import schedules
-from jaxlab.train import state as state_lib
-from jaxlab.train import step as step_lib
-from jaxlab.train.checkpoint import Checkpointer
+
 
 Optimizer = Literal["adamw", "sgd", "sgd_colnorm", "colnorm_momentum", "scale", "galore", "apollo", "muon"]
 OPTIMIZERS = choices.values(Optimizer)
@@ -93,16 +80,6 @@ class LearningRates:
   muon_adam: float | None = None
 
 
-def paper_learning_rates(size: str) -> LearningRates:
-  """The full-scale rates: the SCALE scripts' lr for the column-normalized family and AdamW (the paper trains
-  Adam on the same schedule), GaLore lr 0.01 with scale 0.25 (GaLore paper), APOLLO lr 0.01 (APOLLO paper),
-  Muon 0.02 on hidden matrices (its authors' default) with AdamW at the SCALE lr elsewhere. Plain SGD has no
-  published rate at this scale: 100x the SCALE lr (about the ratio found by the cpu sweep); tune it."""
-  lr, _, _, adam_lr = PAPER_SCHEDULE[size]
-  return LearningRates(adamw=lr, sgd=100 * lr, sgd_colnorm=lr, colnorm_momentum=lr, scale=lr, galore=1e-2,
-                       apollo=1e-2, muon=2e-2, vector=adam_lr, muon_adam=lr)
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
   """scale settings. With `size` set, fields left at None (model, steps, warmup_steps, rates, rank) follow the
@@ -137,16 +114,14 @@ class Config:
   renamed_keys = shared_cfg.FLAT_KEYS
 
   def __post_init__(self):
-    if self.size is not None and self.size not in PAPER_SCHEDULE:
-      raise ValueError(f"size must be one of {list(PAPER_SCHEDULE)} or None, found {self.size!r}")
+    choices.check(self, nested=False)
     if self.size is None:
       missing = [f for f in ("model", "steps", "warmup_steps") if getattr(self, f) is None]
       missing += [f"lr.{o}" for o in (*self.optimizers, "vector", "muon_adam") if getattr(self.lr, o) is None]
       if missing:
         raise ValueError(f"without size, these must be given: {missing}")
-    unknown = [o for o in self.optimizers if o not in OPTIMIZERS]
-    if unknown or not self.optimizers:
-      raise ValueError(f"optimizers must be a non-empty subset of {OPTIMIZERS}, found {self.optimizers}")
+    if not self.optimizers:
+      raise ValueError(f"optimizers must be a non-empty subset of {OPTIMIZERS}, found ()")
     for s in self.memory_sizes:
       if s not in tfm.PRESETS:
         raise ValueError(f"memory_sizes: {s!r} is not a transformer preset ({sorted(tfm.PRESETS)})")
@@ -157,237 +132,6 @@ class Config:
       raise ValueError(f"steps must be >= 1, found {self.steps}")
     if self.batch_size % self.microbatches:
       raise ValueError(f"batch_size ({self.batch_size}) must be divisible by microbatches ({self.microbatches})")
-    if self.schedule not in schedules.SCHEDULES:
-      raise ValueError(f"schedule must be one of {sorted(schedules.SCHEDULES)}, found {self.schedule!r}")
-    if self.strategy not in shd.RULES:
-      raise ValueError(f"strategy must be one of {sorted(shd.RULES)}, found {self.strategy!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """A Config with every paper default filled in."""
-  model: tfm.Config
-  steps: int
-  warmup_steps: int
-  lr: dict
-  rank: int
-
-
-def resolve(cfg: Config, vocab_size: int = 0) -> Plan:
-  """Fills the fields left at None from the paper's values for `cfg.size`; the model's vocab grows to
-  `vocab_size` when the tokenizer has more ids (the T5 tokenizer's 32100 vs the LLaMA configs' 32000)."""
-  paper = PAPER_SCHEDULE.get(cfg.size)
-  model = cfg.model or tfm.PRESETS[cfg.size].replace(dtype="bfloat16")
-  if vocab_size > model.vocab_size:
-    model = model.replace(vocab_size=vocab_size)
-  if cfg.seq_len > model.max_position_embeddings:
-    raise ValueError(f"seq_len ({cfg.seq_len}) exceeds model.max_position_embeddings "
-                     f"({model.max_position_embeddings})")
-  defaults = paper_learning_rates(cfg.size) if paper else LearningRates()
-  lr = {f.name: getattr(cfg.lr, f.name) if getattr(cfg.lr, f.name) is not None else getattr(defaults, f.name)
-        for f in dataclasses.fields(LearningRates)}
-  rank = cfg.rank or (PAPER_RANK[cfg.size] if cfg.size else max(1, model.d_model // 4))
-  steps = cfg.steps if cfg.steps is not None else paper[2]
-  warmup = cfg.warmup_steps if cfg.warmup_steps is not None else paper[1]
-  if not 0 <= warmup <= steps:
-    raise ValueError(f"warmup_steps must be in [0, steps={steps}], found {warmup}")
-  return Plan(model, steps, warmup, lr, rank)
-
-
-def make_optimizer(name: str, cfg: Config, plan: Plan) -> optax.GradientTransformation:
-  """Optimizer `name` with its peak rate on the run's warmup-cosine schedule (and clipping when asked)."""
-  sched = lambda peak: schedules.get(cfg.schedule, peak, plan.steps, plan.warmup_steps, cfg.lr_floor)
-  lr, wd = plan.lr[name], cfg.weight_decay
-  if name == "adamw":
-    hp = {}
-  elif name in COLUMN_FAMILY:
-    hp = {"adam_lr": plan.lr["vector"], "peak_lr": lr}
-    hp.update({"momentum": cfg.momentum} if name in ("scale", "colnorm_momentum") else {})
-  elif name == "galore":
-    hp = {"rank": plan.rank, "update_proj_gap": cfg.update_proj_gap, "scale": cfg.galore_scale}
-  elif name == "apollo":
-    hp = {"rank": plan.rank, "update_proj_gap": cfg.update_proj_gap, "scale": cfg.apollo_scale, "seed": cfg.seed}
-  else:
-    hp = {"adam_lr": sched(plan.lr["muon_adam"])}
-  return optimizer(sched(lr), name, cfg.grad_clip, axes=tfm.AXES, weight_decay=wd, **hp)
-
-
-def state_bytes_ratios(sizes) -> dict:
-  """SCALE's optimizer-state bytes over AdamW's, and params + state over AdamW's, per LLaMA size (fp32 params)."""
-  out = {}
-  for size in sizes:
-    shapes = memory.param_shapes(tfm.PRESETS[size])
-    p = memory.tree_bytes(shapes)
-    s_scale, s_adam = memory.state_bytes("scale", shapes), memory.state_bytes("adamw", shapes)
-    out[f"state_bytes_ratio.{size}"] = s_scale / s_adam
-    out[f"model_and_optimizer_ratio.{size}"] = (p + s_scale) / (p + s_adam)
-  return out
-
-
-def median_step_times(steps: dict, batch, n: int) -> dict:
-  """Median seconds per step of each compiled `(train_step, state)`, interleaved on one batch (order alternating
-  per round so neither optimizer always runs first)."""
-  states, times = {k: s for k, (_, s) in steps.items()}, {k: [] for k in steps}
-  for k, (f, _) in steps.items():  # warm-up: compiles a step not yet compiled
-    states[k], m = f(states[k], batch)
-    jax.block_until_ready((states[k], m))
-  order = list(steps)
-  for i in range(n):
-    for k in order if i % 2 == 0 else order[::-1]:
-      t0 = time.perf_counter()
-      states[k], m = steps[k][0](states[k], batch)
-      jax.block_until_ready((states[k], m))
-      times[k].append(time.perf_counter() - t0)
-  return {k: float(np.median(v)) for k, v in times.items()}
-
-
-def fresh_state(params0, tx, seed: int, mesh, rules) -> state_lib.TrainState:
-  """`state_lib.init_state`'s state from a copy of the shared initial params (the train step donates its
-  state), so the model's init compiles once for all optimizers."""
-  params = jax.tree.map(lambda x: jax.device_put(x, x.sharding, may_alias=False), params0)
-  return state_lib.state_from_params(params, tx, seed, mesh, rules, axes=tfm.AXES)
-
-
-def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_params, params0):
-  """Trains one optimizer; returns (summary dict, metrics records, (train_step, final state) or None)."""
-  os.makedirs(opt_dir, exist_ok=True)
-  done_path = os.path.join(opt_dir, "done.json")
-  records_path = os.path.join(opt_dir, "metrics.jsonl")
-  if resume and os.path.exists(done_path):
-    with open(done_path) as f:
-      return json.load(f), dedupe(metrics_lib.read_jsonl(records_path)), None
-  tx = make_optimizer(name, cfg, plan)
-  local_b = cfg.batch_size // jax.process_count()
-  train_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, seed=cfg.seed, split="train",
-                                 val_fraction=cfg.corpus.val_fraction)
-  ckpt = (Checkpointer(os.path.join(opt_dir, "checkpoints"), keep=cfg.checkpoint.keep) if cfg.checkpoint.every
-          else None)
-  state = None
-  if resume and ckpt is not None:
-    restored = ckpt.restore_latest(target=state_lib.abstract_state(init_params, tx, mesh, cfg.strategy, axes=tfm.AXES))
-    if restored is not None:
-      state = state_lib.as_train_state(restored.state)
-      if restored.data_state is not None:
-        train_it.set_state(loop_lib.local_data_state(restored.data_state))
-  if state is None:
-    if os.path.exists(records_path):
-      os.remove(records_path)
-    state = fresh_state(params0, tx, cfg.seed, mesh, cfg.strategy)
-  train_step = make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy, axes=tfm.AXES,
-                         microbatches=cfg.microbatches, compute=compute_dtype(plan.model))
-  summary = {"diverged_at": None}
-  try:
-    result = loop_lib.train_loop(state, train_step, train_it, plan.steps,
-                                 shard_fn=functools.partial(shd.shard_batch, mesh=mesh), checkpointer=ckpt,
-                                 ckpt_every=cfg.checkpoint.every, eval_fn=eval_fn, eval_every=cfg.eval.every,
-                                 metrics_path=records_path, log_every=cfg.log_every,
-                                 metadata={"experiment": "scale", "optimizer": name}, desc=f"scale:{name}")
-    summary["val_loss"] = result.last_eval.get("val_loss", float("nan"))
-    kept = (train_step, result.state)
-  except loop_lib.NonFiniteError as e:
-    summary.update(val_loss=float("nan"), diverged_at=e.step)
-    kept = None
-  finally:
-    if ckpt is not None:
-      ckpt.close()
-  records = dedupe(metrics_lib.read_jsonl(records_path))
-  train = [r for r in records if "loss" in r]
-  summary["train_loss"] = train[-1]["loss"] if train else float("nan")
-  if jax.process_index() == 0:
-    with open(done_path, "w") as f:
-      json.dump(summary, f)
-  return summary, records, kept
-
-
-def _write_table(path, cfg, plan, summaries, state_bytes, ratios) -> None:
-  lines = [f"Equal token budget: {plan.steps} steps x {cfg.batch_size} x {cfg.seq_len} tokens; model "
-           f"d_model={plan.model.d_model}, layers={plan.model.n_layers}, vocab={plan.model.vocab_size}.", "",
-           "| optimizer | peak lr | final val loss | final train loss | diverged at | state bytes | state / AdamW |",
-           "|---|---|---|---|---|---|---|"]
-  adam = state_bytes.get("adamw") or memory.state_bytes("adamw", memory.param_shapes(plan.model))
-  for name, s in summaries.items():
-    lines.append(f"| {name} | {plan.lr[name]:.3g} | {s['val_loss']:.4f} | {s['train_loss']:.4f} | "
-                 f"{s['diverged_at'] or '-'} | {state_bytes[name]} | {state_bytes[name] / adam:.3f} |")
-  lines += ["", "| LLaMA size | SCALE state / AdamW state | (params + SCALE state) / (params + AdamW state) |",
-            "|---|---|---|"]
-  for size in cfg.memory_sizes:
-    lines.append(f"| {size} | {ratios[f'state_bytes_ratio.{size}']:.4f} | "
-                 f"{ratios[f'model_and_optimizer_ratio.{size}']:.4f} |")
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
-
-
-def run(cfg: Config, out_dir: str, resume: bool) -> dict:
-  tok = data_lib.load_tokenizer(cfg.corpus.tokenizer)
-  plan = resolve(cfg, tok.vocab_size)
-  if cfg.batch_size % jax.process_count():
-    raise ValueError(f"batch_size ({cfg.batch_size}) must be divisible by the process count "
-                     f"({jax.process_count()})")
-  mesh = shd.make_mesh(cfg.mesh)
-  docs = load_corpus(cfg.corpus.path, cfg.corpus.max_docs)
-  local_b = cfg.batch_size // jax.process_count()
-  val_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, split="val", val_fraction=cfg.corpus.val_fraction,
-                               num_epochs=None)
-  val_start = val_it.get_state()
-  shard = functools.partial(shd.shard_batch, mesh=mesh)
-  compute = compute_dtype(plan.model)
-  eval_step = step_lib.make_eval_step(losses.lm_loss_fn(plan.model), compute)
-
-  def eval_fn(params):
-    val_it.set_state(val_start)
-    return {"val_loss": loop_lib.evaluate(eval_step, params, val_it, shard, cfg.eval.batches)}
-
-  init_params = functools.partial(tfm.init, plan.model)
-  params0 = shd.sharded_init(init_params, mesh, cfg.strategy, jax.random.PRNGKey(cfg.seed), axes=tfm.AXES)
-  init_val = eval_fn(params0)["val_loss"]
-  summaries, curves, kept = {}, {}, {}
-  for name in cfg.optimizers:
-    s, records, k = _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, os.path.join(out_dir, name), resume,
-                               init_params, params0)
-    summaries[name] = s
-    val = [r for r in records if "val_loss" in r]
-    curves[name] = ([0] + [r["step"] for r in val], [init_val] + [r["val_loss"] for r in val])
-    if name in ("adamw", "scale") and k is not None:
-      kept[name] = k
-
-  results = {f"val_loss.{n}": s["val_loss"] for n, s in summaries.items()}
-  results.update({f"diverged_at.{n}": s["diverged_at"] for n, s in summaries.items() if s["diverged_at"]})
-  results["initial_val_loss"] = init_val
-  ratios = state_bytes_ratios(cfg.memory_sizes)
-  results.update({k: v for k, v in ratios.items() if k.startswith("state_bytes_ratio.")})
-  shapes = memory.param_shapes(plan.model)
-  state_bytes = {n: memory.state_bytes(make_optimizer(n, cfg, plan), shapes) for n in cfg.optimizers}
-
-  ratio = float("nan")
-  if cfg.timing_steps > 0:
-    batch = shard(next(iter(data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, seed=cfg.seed + 1,
-                                                split="train", val_fraction=cfg.corpus.val_fraction))))
-    pairs = {}
-    for name in ("adamw", "scale"):
-      if name in kept:
-        pairs[name] = kept.pop(name)
-      else:  # not trained in this invocation (resumed or not selected): a fresh state, compiled here
-        tx = make_optimizer(name, cfg, plan)
-        state = fresh_state(params0, tx, cfg.seed, mesh, cfg.strategy)
-        pairs[name] = (make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy, axes=tfm.AXES,
-                                 microbatches=cfg.microbatches, compute=compute), state)
-    times = median_step_times(pairs, batch, cfg.timing_steps)
-    ratio = times["scale"] / times["adamw"]
-    results.update({"step_time_s.adamw": times["adamw"], "step_time_s.scale": times["scale"]})
-  results["step_time_ratio.scale_vs_adamw"] = ratio
-  if "adamw" in summaries and "scale" in summaries:
-    results["scale_vs_adamw_val_loss_rel"] = summaries["scale"]["val_loss"] / summaries["adamw"]["val_loss"] - 1
-  results.update(tokens=plan.steps * cfg.batch_size * cfg.seq_len, params=tfm.num_params(shapes))
-
-  if jax.process_index() == 0:
-    with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
-      for name in cfg.optimizers:
-        for r in metrics_lib.read_jsonl(os.path.join(out_dir, name, "metrics.jsonl")):
-          f.write(metrics_lib.json_line({"optimizer": name, **r}))
-    registry.plot_curves(os.path.join(out_dir, "val_loss.png"), curves, ylabel="validation loss",
-                         title=f"{tfm.num_params(shapes):,} params, {results['tokens']:,} tokens per optimizer")
-    _write_table(os.path.join(out_dir, "table.md"), cfg, plan, summaries, state_bytes, ratios)
-  return results
 
 
 PRESETS = {
@@ -409,7 +153,7 @@ PRESETS = {
 }
 
 registry.register(registry.Experiment(
-    name="scale", config_cls=Config, presets=PRESETS, run=run,
+    name="scale", config_cls=Config, presets=PRESETS, run=registry.run_of("experiments.scale.run"),
     description="SCALE vs AdamW, SGD rungs, GaLore, APOLLO, Muon: LLaMA pretraining at equal tokens",
     resume_may_change=("mesh", "strategy", "log_every", "timing_steps"),
     results=("val_loss.<optimizer>", "diverged_at.<optimizer>?", "initial_val_loss", "state_bytes_ratio.<size>?",

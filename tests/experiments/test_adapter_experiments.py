@@ -16,7 +16,9 @@ import pytest
 
 from experiments._shared import adapters as common
 from experiments import cdka as cdka_exp
+from experiments.cdka import run as run_cdka_exp
 from experiments import fslora as fslora_exp
+from experiments.fslora import run as run_fslora_exp
 from experiments import registry
 from jaxlab.adapters import kron
 from jaxlab.models import transformer as tfm
@@ -149,14 +151,14 @@ def test_fslora_smoke_results(fslora_run):
 
 
 def _brute_force_best_rank(shapes, rank, tol):
-  total = cdka_exp.lora_budget(shapes, rank)
+  total = run_cdka_exp.lora_budget(shapes, rank)
   (d_in, d_out), best = next(iter(shapes.values()))[-2:], -1
   for r1 in range(1, d_out + 1):
     for r2 in range(1, d_in + 1):
       if any(s[-1] % r1 or s[-2] % r2 for s in shapes.values()):
         continue
       for r in range(1, 4 * rank * max(r1, r2) + 1):
-        if abs(cdka_exp.cdka_budget(shapes, r, r1, r2) - total) <= tol * total:
+        if abs(run_cdka_exp.cdka_budget(shapes, r, r1, r2) - total) <= tol * total:
           best = max(best, kron.rank_bound(d_in, d_out, r, r1, r2))
   return best
 
@@ -167,7 +169,7 @@ def _brute_force_best_rank(shapes, rank, tol):
     ({"a/q/kernel": (32, 96), "a/v/kernel": (32, 32)}, 1),
 ])
 def test_choose_cdka_fits_budget_with_the_best_rank_bound(shapes, rank):
-  c = cdka_exp.choose_cdka(shapes, rank, 0.05)
+  c = run_cdka_exp.choose_cdka(shapes, rank, 0.05)
   total = sum(int(np.prod(s[:-2])) * rank * (s[-2] + s[-1]) for s in shapes.values())
   assert abs(c["params"] - total) <= 0.05 * total
   assert c["params"] == sum(int(np.prod(s[:-2])) * c["r"] * (s[-1] // c["r1"] * c["r2"] + c["r1"] * s[-2] // c["r2"])
@@ -175,7 +177,7 @@ def test_choose_cdka_fits_budget_with_the_best_rank_bound(shapes, rank):
   assert all(s[-1] % c["r1"] == 0 and s[-2] % c["r2"] == 0 for s in shapes.values())
   d_in, d_out = next(iter(shapes.values()))[-2:]
   assert kron.rank_bound(d_in, d_out, c["r"], c["r1"], c["r2"]) == _brute_force_best_rank(shapes, rank, 0.05)
-  s = cdka_exp.choose_cdka(shapes, rank, 0.05, "shape")  # the other preference: same budget, divides every target
+  s = run_cdka_exp.choose_cdka(shapes, rank, 0.05, "shape")  # the other preference: same budget, divides every target
   assert abs(s["params"] - total) <= 0.05 * total
   assert all(x[-1] % s["r1"] == 0 and x[-2] % s["r2"] == 0 for x in shapes.values())
 
@@ -192,10 +194,10 @@ def test_alignment_recovers_the_structure_of_the_update():
   for delta, exact, other in ((low_rank, lora_cfg, kron_cfg), (kron_sum, kron_cfg, lora_cfg)):
     full = {"blk": {"w": base["blk"]["w"] + delta}}
     adapted = {"blk": {"w": base["blk"]["w"] + 2.0 * delta}}  # same direction: cosine 1
-    al = cdka_exp.alignment(base, full, {"same": adapted, "neg": {"blk": {"w": base["blk"]["w"] - delta}}},
+    al = run_cdka_exp.alignment(base, full, {"same": adapted, "neg": {"blk": {"w": base["blk"]["w"] - delta}}},
                             shapes, [lora_cfg, kron_cfg], 0)
-    assert al["rel_error"][cdka_exp.c_key(exact)] < 1e-6
-    assert al["rel_error"][cdka_exp.c_key(other)] > 0.1
+    assert al["rel_error"][run_cdka_exp.c_key(exact)] < 1e-6
+    assert al["rel_error"][run_cdka_exp.c_key(other)] > 0.1
     assert math.isclose(al["cosine"]["same"], 1.0, abs_tol=1e-9)
     assert math.isclose(al["cosine"]["neg"], -1.0, abs_tol=1e-9)
 
@@ -224,9 +226,9 @@ def test_presets_validate_and_full_needs_paths(tmp_path):
 def test_client_labels_fall_back_to_answer_length():
   from jaxlab.data.tasks import arithmetic
   exs = [arithmetic.Example("q", a, 0, a) for a in ("1", "12", "7", "123", "45")]
-  assert fslora_exp.client_labels(exs).tolist() == [0, 1, 0, 2, 1]
+  assert run_fslora_exp.client_labels(exs).tolist() == [0, 1, 0, 2, 1]
   exs = [arithmetic.Example("q", "1", lab, "1") for lab in (0, 2, 1)]
-  assert fslora_exp.client_labels(exs).tolist() == [0, 2, 1]
+  assert run_fslora_exp.client_labels(exs).tolist() == [0, 2, 1]
 
 
 def _tiny_checkpoint(root):
@@ -266,7 +268,7 @@ def test_full_code_path_on_a_tiny_checkpoint_and_jsonl(tmp_path):
   cfg = registry.apply_overrides(cdka_exp.PRESETS["full"], setup + [
       "methods=cdka", "steps=2", "batch_size=4", "warmup_steps=0", "mesh=None", "lora_rank=2",
       "cdka_r=2", "cdka_r1=2", "cdka_r2=2", "log_every=1"])
-  res = cdka_exp.run(cfg, str(tmp_path / "cdka"), False)
+  res = run_cdka_exp.run(cfg, str(tmp_path / "cdka"), False)
   model = _saved_model(model_dir)
   per_layer = sum(i + o for i, o in _target_shapes(model))
   assert res["trainable_params"]["cdka"] == model.n_layers * 2 * per_layer  # r1 = r2: LoRA rank r's budget
@@ -278,7 +280,7 @@ def test_full_code_path_on_a_tiny_checkpoint_and_jsonl(tmp_path):
       "setup.train_format=metamathqa", "setup.test_format=gsm8k", "rank=4", "clients_per_round=2", "n_clients=3",
       "local_steps=1", "local_batch=2", "rounds=1", "eval_every=1", "sweep_ratios=()", "methods=fslora",
       "ratios=(0.5,)"])
-  fres = fslora_exp.run(fcfg, str(tmp_path / "fslora"), False)
+  fres = run_fslora_exp.run(fcfg, str(tmp_path / "fslora"), False)
   assert fres["upload_bytes"]["fslora"] == 1 * 2 * 2 * model.n_layers * per_layer * 4  # rounds C k L (in+out) 4B
 
 

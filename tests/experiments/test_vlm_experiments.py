@@ -14,7 +14,9 @@ import pytest
 
 from experiments._shared import vlm_pipeline as pipe
 from experiments import latentlens as ll
+from experiments.latentlens import run as run_ll
 from experiments import lost_in_attention as lia
+from experiments.lost_in_attention import run as run_lia
 from experiments import registry
 from jaxlab.data.tasks import scenes as S
 
@@ -82,7 +84,7 @@ def test_ground_truth_judge_and_shares_match_brute_force():
   vocab = S.vocabulary()
   rng = np.random.default_rng(0)
   ids = {"a": rng.integers(0, len(vocab), size=(2, 3, 16, 5)), "b": rng.integers(0, 40, size=(2, 3, 16, 5))}
-  out = ll.judge_layers(ids, vocab, sc.images, 4, ll.GroundTruthJudge(sc))
+  out = run_ll.judge_layers(ids, vocab, sc.images, 4, run_ll.GroundTruthJudge(sc))
   for lens, a in ids.items():
     want = np.zeros((2, 3, 16), bool)
     for l, i, p in itertools.product(range(2), range(3), range(16)):
@@ -93,7 +95,7 @@ def test_ground_truth_judge_and_shares_match_brute_force():
     np.testing.assert_array_equal(out["verdicts"][lens], want)
     np.testing.assert_allclose(out["shares"][lens], want.mean(axis=(1, 2)))
   assert out["verdicts"]["b"].any()
-  strict = ll.judge_layers(ids, vocab, sc.images, 4, ll.GroundTruthJudge(sc, generic=False))["verdicts"]
+  strict = run_ll.judge_layers(ids, vocab, sc.images, 4, run_ll.GroundTruthJudge(sc, generic=False))["verdicts"]
   for lens, a in ids.items():
     for l, i, p in itertools.product(range(2), range(3), range(16)):
       names = {vocab[t] for t in a[l, i, p]}
@@ -101,7 +103,7 @@ def test_ground_truth_judge_and_shares_match_brute_force():
       want = (list(S.BACKGROUNDS)[sc.background[i]] in names) if bg else out["verdicts"][lens][l, i, p]
       assert strict[lens][l, i, p] == want
   sel = np.array([[0, 5], [1, 2], [15, 3]])
-  part = ll.judge_layers(ids, vocab, sc.images, 4, ll.GroundTruthJudge(sc), patches=sel)
+  part = run_ll.judge_layers(ids, vocab, sc.images, 4, run_ll.GroundTruthJudge(sc), patches=sel)
   np.testing.assert_array_equal(part["verdicts"]["a"], out["verdicts"]["a"][:, np.arange(3)[:, None], sel])
 
 
@@ -112,14 +114,14 @@ def test_chance_matches_enumeration():
     for p in range(16):
       t = len(S.truth_words(sc, i, p))
       brute.append(np.mean([any(w < t for w in c) for c in itertools.combinations(range(9), 3)]))
-  np.testing.assert_allclose(ll.chance(sc, 9, 3), np.mean(brute), rtol=1e-12)
+  np.testing.assert_allclose(run_ll.chance(sc, 9, 3), np.mean(brute), rtol=1e-12)
 
 
 def test_full_presets_fail_clearly(tmp_path):
   with pytest.raises(ValueError, match="judge"):
-    ll.run(ll.PRESETS["full"], str(tmp_path / "a"), False)
+    run_ll.run(ll.PRESETS["full"], str(tmp_path / "a"), False)
   with pytest.raises(ValueError, match="vlm_path must be an existing LLaVA checkpoint directory"):
-    lia.run(lia.PRESETS["full"], str(tmp_path / "b"), False)
+    run_lia.run(lia.PRESETS["full"], str(tmp_path / "b"), False)
   (tmp_path / "ckpt").mkdir()
   (tmp_path / "ckpt" / "config.json").write_text("{}")
   with pytest.raises(FileNotFoundError, match=r"missing \['tokenizer.json'\]"):
@@ -151,7 +153,7 @@ def test_full_preset_on_saved_llava_with_stub_judge(ll_run, tmp_path, monkeypatc
       vlm_path=os.path.join(out, "artifacts", "vlm"), images_path=str(img_dir), corpus_path=str(corpus),
       judge="stub_judge_mod:Judge", prompt="<image> a", image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
       index_texts=40, full_patches_per_image=3, n_eval_scenes=3)
-  res = ll.run(cfg, str(tmp_path / "full"), False)
+  res = run_ll.run(cfg, str(tmp_path / "full"), False)
   n_layers = SMOKE_LAYERS + 1
   calls = stub_judge_mod.CALLS
   assert len(calls) == 3 * n_layers * 3 * 3  # lenses x layers x images x patches
@@ -186,13 +188,13 @@ def test_interventions_in_no_layer_leave_accuracy_unchanged(ll_run):
   import jax
   art = pipe.load_artifacts(ll_run[0])
   cfg = lia.PRESETS["smoke"]
-  batch = lia._scene_data(cfg, art)
-  base = lia.accuracy(art, batch, 8)
+  batch = run_lia._scene_data(cfg, art)
+  base = run_lia.accuracy(art, batch, 8)
   vocab = pipe.token_strings(art.tokenizer, art.cfg.text.vocab_size)
   assert base == pipe.attribute_accuracy(art.params, art.cfg, batch, vocab)[0]
   for name in lia.INTERVENTIONS:
-    iv, lm = lia._intervene(name, art, jax.random.PRNGKey(0), [], None)
-    assert lia.accuracy(art, batch, 8, intervention=iv, lm_params=lm) == base, name
+    iv, lm = run_lia._intervene(name, art, jax.random.PRNGKey(0), [], None)
+    assert run_lia.accuracy(art, batch, 8, intervention=iv, lm_params=lm) == base, name
 
 
 @pytest.mark.slow
@@ -206,9 +208,9 @@ def test_lost_in_attention_full_preset_reads_a_checkpoint_and_captions(ll_run, t
   (tmp_path / "c.jsonl").write_text("\n".join(rows))
   cfg = lia.Config(vlm_path=os.path.join(ll_run[0], "artifacts", "vlm"), captions_path=str(tmp_path / "c.jsonl"),
                    prompt="<image>", per_layer=False, n_eval_scenes=2, eval_batch=2)
-  art, origin = lia._trained(cfg, str(tmp_path / "out"), False)
+  art, origin = run_lia._trained(cfg, str(tmp_path / "out"), False)
   assert origin == "checkpoint" and art.cfg.tokens_per_image == 16
-  batch = lia._full_data(cfg, art)
+  batch = run_lia._full_data(cfg, art)
   assert batch["score_mask"].sum() == sum(len(c.split()) + 1 for c in sc.captions)  # caption words + <eos>
   tgt = batch["targets"][batch["score_mask"] > 0]
   assert list(tgt[:len(sc.captions[0].split())]) == art.tokenizer.encode(sc.captions[0])
@@ -216,10 +218,10 @@ def test_lost_in_attention_full_preset_reads_a_checkpoint_and_captions(ll_run, t
                              np.asarray(lia.IMAGE_STD), atol=3 / 255 / 0.26)  # 8-bit PNG round trip
   (tmp_path / "bad.jsonl").write_text(json.dumps({"image": "missing.png", "caption": "a"}))
   with pytest.raises(FileNotFoundError, match="missing.png"):
-    lia._full_data(lia.Config(**{**cfg.__dict__, "captions_path": str(tmp_path / "bad.jsonl")}), art)
+    run_lia._full_data(lia.Config(**{**cfg.__dict__, "captions_path": str(tmp_path / "bad.jsonl")}), art)
   (tmp_path / "bad2.jsonl").write_text(json.dumps({"img": "0.png"}))
   with pytest.raises(ValueError, match="expected keys image and caption"):
-    lia._full_data(lia.Config(**{**cfg.__dict__, "captions_path": str(tmp_path / "bad2.jsonl")}), art)
+    run_lia._full_data(lia.Config(**{**cfg.__dict__, "captions_path": str(tmp_path / "bad2.jsonl")}), art)
 
 
 @pytest.mark.slow
@@ -231,10 +233,10 @@ def test_lost_in_attention_trains_when_no_source(ll_run, tmp_path, monkeypatch):
     return pipe.load_artifacts(ll_run[0])
   monkeypatch.setattr(pipe, "train_vlm", fake_train)
   cfg = lia.Config(source=str(tmp_path / "empty"))  # holds no artifacts
-  art, origin = lia._trained(cfg, str(tmp_path), False)
+  art, origin = run_lia._trained(cfg, str(tmp_path), False)
   assert origin == "trained" and seen == [(cfg.train, str(tmp_path), False)]
   assert art.cfg.tokens_per_image == 16
-  art2, origin2 = lia._trained(lia.Config(source=ll_run[0]), str(tmp_path / "x"), False)
+  art2, origin2 = run_lia._trained(lia.Config(source=ll_run[0]), str(tmp_path / "x"), False)
   assert origin2 == "reused" and len(seen) == 1
 
 
@@ -252,14 +254,14 @@ def test_lost_in_attention_reuses_only_a_vlm_trained_with_its_train_config(ll_ru
   trained = []
   monkeypatch.setattr(pipe, "train_vlm", lambda c, o, r: trained.append(c.seed) or pipe.load_artifacts(ll_run[0]))
   out = str(root / "lost_in_attention")
-  assert lia._trained(lia.Config(source="latentlens"), out, False)[1] == "reused"
+  assert run_lia._trained(lia.Config(source="latentlens"), out, False)[1] == "reused"
   assert pipe.source_dirs("latentlens", out) == [str(root / "latentlens"), str(root / "latentlens.seed1")]
-  assert lia._trained(lia.Config(source="latentlens", train=seed1), out, False)[1] == "reused"
+  assert run_lia._trained(lia.Config(source="latentlens", train=seed1), out, False)[1] == "reused"
   assert trained == []
   seed2 = dataclasses.replace(seed1, seed=2)
-  assert lia._trained(lia.Config(source="latentlens", train=seed2), out, False)[1] == "trained"
+  assert run_lia._trained(lia.Config(source="latentlens", train=seed2), out, False)[1] == "trained"
   os.remove(root / "latentlens" / "artifacts" / "vlm" / "train.json")  # a VLM that did not record its config
-  assert lia._trained(lia.Config(source=str(root / "latentlens")), out, False)[1] == "trained"
+  assert run_lia._trained(lia.Config(source=str(root / "latentlens")), out, False)[1] == "trained"
   assert trained == [2, 0]
 
 
@@ -279,16 +281,16 @@ def test_evaluation_stages_ignore_last_bit_perturbations(ll_run):
   out, _ = ll_run
   art = pipe.load_artifacts(out)
   cfg = ll.PRESETS["smoke"]
-  scenes, pixels, prompt, _, judge = ll._scene_inputs(cfg, art, {})
+  scenes, pixels, prompt, _, judge = run_ll._scene_inputs(cfg, art, {})
   vocab = pipe.token_strings(art.tokenizer, art.cfg.text.vocab_size)
   index = lenses.LatentIndex.load(os.path.join(out, "artifacts", "index"))
-  hs = ll.visual_states(art.params, art.cfg, prompt, pixels, cfg.eval_batch)[:, :, -art.cfg.vision.n_patches:]
-  verdicts = [ll.judge_layers(ll.lens_ids(art.params["lm"], art.cfg.text, h, index, cfg.top_k)[0], vocab,
+  hs = run_ll.visual_states(art.params, art.cfg, prompt, pixels, cfg.eval_batch)[:, :, -art.cfg.vision.n_patches:]
+  verdicts = [run_ll.judge_layers(run_ll.lens_ids(art.params["lm"], art.cfg.text, h, index, cfg.top_k)[0], vocab,
                               scenes.images, art.cfg.vision.grid, judge)["verdicts"] for h in (hs, _ulp(hs))]
   for lens in ll.LENSES:
     assert np.mean(verdicts[0][lens] != verdicts[1][lens]) <= 0.01, lens
 
-  batch = lia._scene_data(lia.PRESETS["smoke"], art)
+  batch = run_lia._scene_data(lia.PRESETS["smoke"], art)
   n = int((batch["inputs"] != art.tokenizer.pad_id).sum(1).min())
   lm = _captured(art, batch, n)
   base = geometry.metrics_from_output(lm)

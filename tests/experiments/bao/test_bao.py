@@ -188,8 +188,8 @@ def test_metrics_on_hand_made_episodes():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(gyms=("function", "chess")), "bao: gyms must be names from .* found 'chess'"),
-    (dict(methods=("bao", "dpo")), "bao: methods must be names from .* found 'dpo'"),
+    (dict(gyms=("function", "chess")), "bao: gyms must be one of .* found 'chess'"),
+    (dict(methods=("bao", "dpo")), "bao: methods must be one of .* found 'dpo'"),
     (dict(max_turns=(15, 15)), "bao: max_turns must be 3 positive turn limits"),
     (dict(credit="Mean"), "bao: credit must be one of .* found 'Mean'"),
     (dict(group=1), "bao: group must be >= 2"),
@@ -216,7 +216,7 @@ def test_bad_gym_from_the_cli_is_one_line_before_any_work(tmp_path):
                          "gyms=function,chess"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2
   err = proc.stderr.strip().splitlines()
-  assert len(err) == 1 and "gyms must be names from" in err[0] and "'chess'" in err[0], proc.stderr
+  assert len(err) == 1 and "gyms must be one of" in err[0] and "'chess'" in err[0], proc.stderr
   assert not (tmp_path / "runs" / "bao" / "results.json").exists()
 
 

@@ -9,13 +9,14 @@ import numpy as np
 import pytest
 
 from experiments import btd as exp
+from experiments.btd import run as run_exp
 from experiments import registry
 from experiments.btd import aggregation as btd
 
 
 def test_answer_pairs_have_the_verdict_the_scorer_gives():
   reasoning_gym = pytest.importorskip("reasoning_gym")
-  items, y = exp.answer_pairs("basic_arithmetic", 40, 0.25, seed=3)
+  items, y = run_exp.answer_pairs("basic_arithmetic", 40, 0.25, seed=3)
   data = reasoning_gym.create_dataset("basic_arithmetic", size=40, seed=3)
   for it, yi, entry in zip(items, y, data):
     assert it["question"] == entry["question"]
@@ -43,7 +44,7 @@ def test_samples_file_runs_end_to_end_and_btd_beats_majority_on_a_btd_judge(tmp_
   cfg = registry.apply_overrides(exp.PRESETS["full"], [f"samples_path={path}", "samples=16", "ns=1,4,16"])
   out = tmp_path / "run"
   out.mkdir()
-  res = exp.run(cfg, str(out), False)
+  res = run_exp.run(cfg, str(out), False)
   assert res["items"] == 400 and res["unparsed_share"] == 0.0
   assert res["mae.btd.n16"] < res["mae.btd.n4"] < res["mae.btd.n1"]
   assert res["mae.btd"] < res["mae.majority"] and res["mae.btd"] < res["mae.soft_sc"]
@@ -55,11 +56,11 @@ def test_bad_samples_files_are_named(tmp_path):
   cfg = registry.apply_overrides(exp.PRESETS["full"], [f"samples_path={tmp_path / 'none.jsonl'}", "samples=4",
                                                        "ns=1,4"])
   with pytest.raises(FileNotFoundError, match="expected a JSONL file of judge verdicts"):
-    exp.run(cfg, str(tmp_path), False)
+    run_exp.run(cfg, str(tmp_path), False)
   short = tmp_path / "short.jsonl"
   short.write_text(json.dumps({"verdicts": ["A", "B"], "y": 1.0}) + "\n")
   with pytest.raises(ValueError, match="item 0 has 2 verdicts, samples=4"):
-    exp.run(dataclasses.replace(cfg, samples_path=str(short)), str(tmp_path), False)
+    run_exp.run(dataclasses.replace(cfg, samples_path=str(short)), str(tmp_path), False)
   with pytest.raises(ValueError, match="ns must be increasing"):
     registry.apply_overrides(exp.PRESETS["cpu"], ["ns=4,2"])
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from experiments import conpress as exp
+from experiments.conpress import run as run_exp
 from experiments import registry
 from experiments.runner import claims as claims_lib
 from jaxlab.models import transformer as tfm
@@ -169,30 +170,30 @@ def test_sft_completion_renumbers_the_answer_label():
 
 
 def test_pack_prompt_format():
-  one = exp.pack_prompt(["What is 1 + 1?"])
+  one = run_exp.pack_prompt(["What is 1 + 1?"])
   assert one.startswith("Solve the following problem. For each problem k,") and one.endswith(
       "\n\nProblem 1: What is 1 + 1?")
-  two = exp.pack_prompt(["a?", "b?"])
+  two = run_exp.pack_prompt(["a?", "b?"])
   assert "Solve the following 2 problems." in two and two.endswith("Problem 1: a?\nProblem 2: b?")
 
 
 def test_task_scoring_with_reasoning_gym_and_jsonl(tmp_path):
-  task = exp.Task("chain_sum", 4, 0, (2, 2), (1, 1))
+  task = run_exp.Task("chain_sum", 4, 0, (2, 2), (1, 1))
   e = task.entries[0]
   assert task.correct(e["answer"], e) and task.correct(f"{e['metadata']['expression']} = {e['answer']}", e)
   assert not task.correct(str(int(e["answer"]) + 1), e) and not task.correct(None, e)
   path = tmp_path / "q.jsonl"
   path.write_text(json.dumps({"question": "1+1?", "answer": "so #### 2"}) + "\n" +
                   json.dumps({"problem": "x?", "answer": "\\frac{1}{2}"}) + "\n")
-  task = exp.Task(f"jsonl:{path}", 2, 0, (2, 2), (1, 1))
+  task = run_exp.Task(f"jsonl:{path}", 2, 0, (2, 2), (1, 1))
   assert [r["answer"] for r in task.entries] == ["2", "\\frac{1}{2}"]
   assert task.correct("1 + 1 = 2", task.entries[0]) and task.correct("\\frac{1}{2}", task.entries[1])
   with pytest.raises(ValueError, match="expected at least 3 questions, found 2"):
-    exp.Task(f"jsonl:{path}", 3, 0, (2, 2), (1, 1))
+    run_exp.Task(f"jsonl:{path}", 3, 0, (2, 2), (1, 1))
   with pytest.raises(FileNotFoundError, match="found nothing at"):
-    exp.Task(f"jsonl:{tmp_path}/none.jsonl", 1, 0, (2, 2), (1, 1))
+    run_exp.Task(f"jsonl:{tmp_path}/none.jsonl", 1, 0, (2, 2), (1, 1))
   with pytest.raises(ValueError, match="expected a reasoning-gym dataset") as err:
-    exp.Task("no_such_task", 1, 0, (2, 2), (1, 1))
+    run_exp.Task("no_such_task", 1, 0, (2, 2), (1, 1))
   assert "\n" not in str(err.value)
 
 
@@ -238,13 +239,13 @@ def test_token_counts_are_completion_mask_sums_counted_by_hand():
   # the stop token: the third token row 0 generates when nothing stops it, so that row stops early for sure
   eos = _greedy_by_hand(params, cfg, prompts[0], 3, ())[2]
   cfg = cfg.replace(eos_token_id=eos)
-  texts, counts = exp.generate(params, cfg, tok, prompts, budgets, gen_batch=2)
+  texts, counts = run_exp.generate(params, cfg, tok, prompts, budgets, gen_batch=2)
   for p, b, c, t in zip(prompts, budgets, counts, texts):
     new = _greedy_by_hand(params, cfg, p, b, (eos, tok.eos_id))
     assert c == len(new) and t == tok.decode(new).strip()
   assert counts[0] <= 3 < budgets[0]
   # one compiled shape with the rows cut at their budgets afterwards gives the same counts and texts
-  texts1, counts1 = exp.generate(params, cfg, tok, prompts, budgets, gen_batch=4, one_shape=(64, 12))  # cached
+  texts1, counts1 = run_exp.generate(params, cfg, tok, prompts, budgets, gen_batch=4, one_shape=(64, 12))  # cached
   assert list(counts1) == list(counts) and texts1 == texts
 
 
@@ -261,12 +262,12 @@ def test_build_sft_keeps_exactly_the_correct_concise_traces():
       {"id": 3, "question": "q3", "single_tokens": 30, "candidates": [
           {"trace": "x = 5\nAnswer 2: 5", "tokens": 9, "correct": True}]},
   ]
-  out = exp.build_sft(rows)
+  out = run_exp.build_sft(rows)
   assert [(e["id"], e["tokens"]) for e in out] == [(0, 8), (3, 9)]
   assert out[0]["completion"] == "Problem 1: short right" and out[1]["completion"] == "Problem 1: x = 5\nAnswer 1: 5"
   # a looser length rule admits the equal-length trace; a tighter one drops the 8-of-20 trace
-  assert [e["id"] for e in exp.build_sft(rows, max_ratio=1.01)] == [0, 1, 3]
-  assert [e["id"] for e in exp.build_sft(rows, max_ratio=0.35)] == [3]
+  assert [e["id"] for e in run_exp.build_sft(rows, max_ratio=1.01)] == [0, 1, 3]
+  assert [e["id"] for e in run_exp.build_sft(rows, max_ratio=0.35)] == [3]
 
 
 def test_lora_sft_lowers_the_completion_loss_and_leaves_the_base_alone():
@@ -286,7 +287,7 @@ def test_lora_sft_lowers_the_completion_loss_and_leaves_the_base_alone():
 
   before = loss(params)
   kept = jax.tree.map(np.asarray, params)
-  tuned, history = exp.finetune(cfg, params, arrays, ecfg)
+  tuned, history = run_exp.finetune(cfg, params, arrays, ecfg)
   assert len(history) == 8 and abs(history[0]["loss"] - before) < 1e-4  # the loop's first loss is the NumPy one
   assert loss(tuned) < 0.8 * before
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, np.asarray(b)), kept, params)  # base untouched
@@ -308,8 +309,8 @@ def test_run_on_canned_answers_measures_filters_and_fine_tunes(tmp_path, monkeyp
                          max_position_embeddings=1024, eos_token_id=tok.eos_id, pad_token_id=tok.batch_pad_id)
   params = tfm.init(mcfg, jax.random.key(0))
   cfg = exp.Config(test_questions=8, train_questions=4, train_n=2, steps=3, batch_size=2, lr=1e-2, lora_rank=2)
-  test = exp.Task(cfg.task, 8, 1, cfg.terms, cfg.digits)
-  train = exp.Task(cfg.task, 4, 2, cfg.terms, cfg.digits)
+  test = run_exp.Task(cfg.task, 8, 1, cfg.terms, cfg.digits)
+  train = run_exp.Task(cfg.task, 4, 2, cfg.terms, cfg.digits)
   gold = {e["question"]: e["answer"] for e in test.entries + train.entries}
   calls, seen = [], []
 
@@ -328,8 +329,8 @@ def test_run_on_canned_answers_measures_filters_and_fine_tunes(tmp_path, monkeyp
     calls.append((texts, counts))
     return texts, counts
 
-  monkeypatch.setattr(exp, "generate", canned)
-  res = exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, test, train)
+  monkeypatch.setattr(run_exp, "generate", canned)
+  res = run_exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, test, train)
   (texts, counts), (texts_after, counts_after) = calls
   starts = [(n, s) for n in exp.NS for s in range(0, 8, n)]
   for n in exp.NS:

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from experiments import dvworld as exp
+from experiments.dvworld import run as run_exp
 from experiments import registry
 from experiments.dvworld import agents, interact, rubric, sheet, tasks
 
@@ -27,7 +28,7 @@ def test_reference_scores_one_and_each_broken_kind_less(tmp_path):
   agents_ = {"reference": agents.ProgramAgent(), **{k: agents.ProgramAgent(k) for k in tasks.BROKEN}}
   rows = []
   cfg = exp.Config(tasks=tuple(s.id for s in specs), agents=exp.PROGRAM_AGENTS)
-  res = exp.run_evol(cfg, specs, frames, agents_, rubric.RuleRubric(), str(tmp_path), rows.append)
+  res = run_exp.run_evol(cfg, specs, frames, agents_, rubric.RuleRubric(), str(tmp_path), rows.append)
   assert res["dv_evol.reference"] == res["table_alignment.reference"] == res["visual.reference"] == 1.0
   for r in rows:
     if r["agent"] != "reference":
@@ -39,7 +40,7 @@ def test_reference_scores_one_and_each_broken_kind_less(tmp_path):
   assert res["table_alignment.wrong_chart_type"] == 1.0 and res["visual.wrong_chart_type"] == pytest.approx(0.2)
 
   srows = []
-  sres = exp.run_sheet(cfg, specs, agents_, str(tmp_path), srows.append)
+  sres = run_exp.run_sheet(cfg, specs, agents_, str(tmp_path), srows.append)
   assert sres["sheet.reference"] == 1.0
   assert all(sres[f"sheet_create.{k}"] < 1.0 for k in tasks.BROKEN)
   assert {r["break"] for r in srows if r["mode"] == "fix"} == {"series", "axis"}  # pie: no axis; scatter: no series
@@ -139,10 +140,10 @@ def test_lm_agent_code_path_with_a_stand_in(tmp_path):
     return ["[answer] " + json.dumps(interact.intent_spec(specs[0]))] if "Request" in user else ["[finish]"]
   lm = agents.LMAgent(generate, interact_tokens=7)
   cfg = exp.Config(tasks=("tips_bar",), agents=("reference", "smollm2"))
-  res = exp.run_evol(cfg, specs, frames, {"reference": agents.ProgramAgent(), "smollm2": lm}, rubric.RuleRubric(),
+  res = run_exp.run_evol(cfg, specs, frames, {"reference": agents.ProgramAgent(), "smollm2": lm}, rubric.RuleRubric(),
                      str(tmp_path), lambda r: None)
   assert res["dv_evol.smollm2"] == 1.0
-  ires = exp.run_interact(cfg, specs, frames, {"smollm2": lm}, lambda r: None)
+  ires = run_exp.run_interact(cfg, specs, frames, {"smollm2": lm}, lambda r: None)
   assert ires["interact_isr.smollm2"] == 1.0 and ires["interact_asked.smollm2"] == 0.0 and seen[-1] == (1, 7)
   assert agents.extract_code("no fence\nprint(1)") == "no fence\nprint(1)\n"
   assert agents.extract_code("```py\nx = 1\n") == "x = 1\n"
@@ -177,7 +178,7 @@ def test_full_preset_scores_cases_with_a_judge_executable(tmp_path):
                                                       f"results_dir={tmp_path / 'cand'}", f"judge_path={judge}"])
   out = tmp_path / "run"
   out.mkdir()
-  res = exp.run(cfg, str(out), False)
+  res = run_exp.run(cfg, str(out), False)
   assert res["table_alignment.candidate"] == 0.75 and res["visual.candidate"] == 0.75
   assert res["dv_evol.candidate"] == 0.75 and res["cases"] == 1
   assert rubric.parse_reply('{"Dimension_1": {"subtotal": 2}, "Dimension_2": {"subtotal": 6}}') == 0.5

@@ -14,6 +14,7 @@ from pyperplan.pddl.parser import Parser  # noqa: E402
 from pyperplan.search import breadth_first_search  # noqa: E402
 
 from experiments import gig  # noqa: E402
+from experiments.gig import run as run_gig
 from experiments.gig import cooking
 from jaxlab.models import gnn  # noqa: E402
 
@@ -299,7 +300,7 @@ def test_textworld_agents_replay_the_walkthrough_from_memory(tmp_path):
 def test_experiment_smoke_run_replays_seen_traces_from_memory(tmp_path):
   cfg = gig.Config(recipes=("onion_soup",), train_problems=2, test_problems=2, steps=2, triplets=4, max_steps=30,
                    depth=1, llm="")
-  res = gig.run(cfg, str(tmp_path), resume=False)
+  res = run_gig.run(cfg, str(tmp_path), resume=False)
   assert res["success.seen.memory"] == 1.0 and res["memory_share.seen"] == 1.0
   assert 0.0 <= res["triplet_acc.trained"] <= 1.0 and np.isfinite(res["heldout_triplet_loss.trained"])
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:

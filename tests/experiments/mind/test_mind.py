@@ -195,7 +195,7 @@ def test_phase1_rows_roles_and_masks(encoder):
 
 
 def test_a_non_finite_step_stops_training_with_its_step_and_leaf(encoder, tmp_path):
-  from experiments.mind import Trainer
+  from experiments.mind.run import Trainer
   from jaxlab.train.loop import NonFiniteError
   sc = S.generate(4, seed=2)
   qs = rad.generate(sc, seed=1)

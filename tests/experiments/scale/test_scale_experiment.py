@@ -10,6 +10,7 @@ import pytest
 
 from experiments import registry
 from experiments import scale as scale_exp
+from experiments.scale import run as run_scale_exp
 from jaxlab.models import transformer as tfm
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -88,13 +89,13 @@ def test_full_preset_follows_paper_schedule_per_size():
                                              "llama-1b": (2e-4, 10000, 100000, 1e-3),
                                              "llama-7b": (1e-4, 15000, 150000, 1e-3)}.items():
     cfg = registry.apply_overrides(full, [f"size={size}"])
-    plan = scale_exp.resolve(cfg, vocab_size=32100)
+    plan = run_scale_exp.resolve(cfg, vocab_size=32100)
     assert (plan.steps, plan.warmup_steps, plan.lr["scale"], plan.lr["vector"]) == (steps, warmup, lr, adam_lr)
     assert plan.model.d_model == tfm.PRESETS[size].d_model and plan.model.vocab_size == 32100
     assert plan.model.dtype == "bfloat16" and plan.model.param_dtype == "float32"
   cfg = registry.apply_overrides(full, ["size=llama-130m", "steps=500", "warmup_steps=50", "lr.scale=3e-3",
                                        "rank=64"])
-  plan = scale_exp.resolve(cfg)
+  plan = run_scale_exp.resolve(cfg)
   assert (plan.steps, plan.warmup_steps, plan.lr["scale"], plan.lr["adamw"], plan.rank) == (500, 50, 3e-3, 1e-3, 64)
   with pytest.raises(registry.OverrideError, match="size"):
     registry.apply_overrides(full, ["size=llama-3b"])

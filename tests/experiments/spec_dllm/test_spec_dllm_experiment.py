@@ -31,15 +31,15 @@ def test_smoke_preset_writes_every_result(tmp_path):
 
 @pytest.mark.sandbox
 def test_humaneval_programs_run_in_the_sandbox(tmp_path):
-  from experiments import spec_dllm
+  from experiments.spec_dllm import run as run_spec_dllm
   program = "def add(a, b):\n  return a + b\n\n\ndef check(f):\n  assert f(2, 3) == 5\n\n\ncheck(add)\n"
-  assert spec_dllm._humaneval_pass(program)
-  assert not spec_dllm._humaneval_pass(program.replace("a + b", "a - b"))
+  assert run_spec_dllm._humaneval_pass(program)
+  assert not run_spec_dllm._humaneval_pass(program.replace("a + b", "a - b"))
   start = time.monotonic()
-  assert not spec_dllm._humaneval_pass("while True:\n  pass\n", timeout=2)
+  assert not run_spec_dllm._humaneval_pass("while True:\n  pass\n", timeout=2)
   assert time.monotonic() - start < 10
   os.chmod(tmp_path, 0o777)  # writable by anyone on the host, yet out of the program's reach
   for target in (tmp_path / "escaped", "/x", "/usr/x", "/dev/x"):
-    assert not spec_dllm._humaneval_pass(f"open({str(target)!r}, 'w').write('x')\n")
+    assert not run_spec_dllm._humaneval_pass(f"open({str(target)!r}, 'w').write('x')\n")
   assert os.listdir(tmp_path) == [] and not os.path.exists("/x")
-  assert spec_dllm._humaneval_pass("open('scratch.txt', 'w').write('x')\n")  # its own directory is writable
+  assert run_spec_dllm._humaneval_pass("open('scratch.txt', 'w').write('x')\n")  # its own directory is writable

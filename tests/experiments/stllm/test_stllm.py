@@ -25,7 +25,7 @@ from jaxlab.models import transformer as tfm
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 registry.load_all()
 EXP = registry.get("stllm")
-ST = sys.modules[EXP.run.__module__]
+from experiments.stllm import run as ST  # noqa: E402
 SMOKE = EXP.presets["smoke"]
 
 

@@ -216,6 +216,7 @@ def test_bandit_agrees_with_the_rule_scanner():
 @pytest.mark.sandbox
 def test_feedback_round_revises_once_on_findings():
   import experiments.susvibes as exp
+  from experiments.susvibes import run as run_exp
   task = TASKS["command_injection"]
   seen = []
 
@@ -226,12 +227,12 @@ def test_feedback_round_revises_once_on_findings():
 
   cfg = exp.Config(tasks=(task.id,), scanner="rules")
   prompt = strategies.build_prompt(task, "feedback", [task.cwe])
-  final, findings = exp.feedback_round(lambda t: stub_lm, [task], [prompt], [stub_lm(prompt)], cfg, "rules")
+  final, findings = run_exp.feedback_round(lambda t: stub_lm, [task], [prompt], [stub_lm(prompt)], cfg, "rules")
   assert [f.cwe for f in findings[0]] == ["CWE-78"] and len(seen) == 2
   assert "shell=True" in seen[1] and task.insecure[task.target] in seen[1]
   outcome = harness.evaluate(task, agents.parse_output(final[0], task.target), LIMITS)
   assert outcome.func_pass and outcome.sec_pass
-  again, findings = exp.feedback_round(lambda t: stub_lm, [task], [prompt], final, cfg, "rules")
+  again, findings = run_exp.feedback_round(lambda t: stub_lm, [task], [prompt], final, cfg, "rules")
   assert again == final and findings == [[]] and len(seen) == 2  # no findings: no revision
 
 
@@ -271,27 +272,29 @@ def test_full_preset_pieces(monkeypatch):
 
 def test_full_preset_needs_its_files(tmp_path):
   import experiments.susvibes as exp
+  from experiments.susvibes import run as run_exp
   from experiments import registry
   with pytest.raises(registry.OverrideError, match="susvibes --preset full: dataset_path is required "):
     registry.config_for("susvibes", "full")
   with pytest.raises(FileNotFoundError, match="found nothing at"):
-    exp.run(exp.Config(dataset_path=str(tmp_path / "none.jsonl")), str(tmp_path), False)
-  with pytest.raises(ValueError, match="agents must be a non-empty subset"):
+    run_exp.run(exp.Config(dataset_path=str(tmp_path / "none.jsonl")), str(tmp_path), False)
+  with pytest.raises(ValueError, match="agents must be one of .* found 'gpt'"):
     exp.Config(agents=("gpt",))
 
 
 def test_lm_agent_is_skipped_only_when_its_registered_model_is_missing(monkeypatch):
   import experiments.susvibes as exp
+  from experiments.susvibes import run as run_exp
 
   def missing(spec, *a, **k):
     raise FileNotFoundError(f"{spec} is not installed")
 
   monkeypatch.setattr(agents, "LMAgent", missing)
-  factory, reason = exp.make_agent("smollm2", exp.Config())
+  factory, reason = run_exp.make_agent("smollm2", exp.Config())
   assert factory is None and "smollm2-135m-instruct" in reason and "not installed" in reason
   with pytest.raises(FileNotFoundError):
-    exp.make_agent("smollm2", exp.Config(model="/no/such/model.gguf"))
-  factory, reason = exp.make_agent("reference_secure", exp.Config())
+    run_exp.make_agent("smollm2", exp.Config(model="/no/such/model.gguf"))
+  factory, reason = run_exp.make_agent("reference_secure", exp.Config())
   assert reason is None and factory(TASKS["xss"])("any prompt").startswith("```diff\n")
 
 

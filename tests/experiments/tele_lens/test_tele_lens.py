@@ -15,6 +15,7 @@ import pytest
 
 from experiments import registry
 from experiments import tele_lens as exp
+from experiments.tele_lens import run as run_exp
 from jaxlab.data.tasks import reasoning
 from jaxlab.models import transformer as tfm
 
@@ -53,12 +54,12 @@ def test_runs_on_a_tiny_model_and_writes_every_claimed_key(tmp_path):
   tok = WordTokenizer(400)
   mcfg = tfm.Config.tiny(vocab_size=400, n_layers=2, d_ff=64, tie_embeddings=True)
   params = tfm.init(mcfg, jax.random.key(0))
-  rows = exp.build(CFG, tok, exp.questions(CFG))
+  rows = run_exp.build(CFG, tok, run_exp.questions(CFG))
   assert len(rows) == 3 * CFG.examples and {r["split"] for r in rows} == {"train", "test"}
   ex = reasoning.generate("cycle", CFG.examples, seed=CFG.seed)[0]
   r = next(r for r in rows if r["task"] == "cycle")
   assert r["ids"][r["cot_start"]:r["cot_end"]] == tok.encode(ex.cot) and r["ids"][-1] == tok.encode(" " + ex.answer)[0]
-  res = exp.run_with_model(CFG, str(tmp_path), mcfg, params, tok, "tiny-random")
+  res = run_exp.run_with_model(CFG, str(tmp_path), mcfg, params, tok, "tiny-random")
   claimed = {k for c in registry.get("tele_lens").claims for k in c.keys}
   wanted = {f"horizon.top5.layer{l}.d{d}" for l in CFG.layers for d in range(1, 9)}
   wanted |= {f"final_answer_acc.layer{l}" for l in CFG.layers} | claimed
@@ -89,23 +90,23 @@ def test_model_cots_equal_an_uncached_greedy_decode_and_feed_the_probes(tmp_path
   params = tfm.init(mcfg, jax.random.key(0))
   cfg = dataclasses.replace(CFG, tasks=("parity", "syllogism"), cot="model", sampled_cots=1, max_cot_tokens=5,
                             generate_batch=4)
-  res = exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, "tiny-random")
+  res = run_exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, "tiny-random")
   cots = json.loads((tmp_path / "cots.json").read_text())
-  exs = exp.questions(cfg)
+  exs = run_exp.questions(cfg)
   assert len(cots) == len(exs) == 12 and all([c["kind"] for c in q] == ["greedy", "sampled"] for q in cots)
   for q in (0, 5, 11):  # first batch, a middle one, the padded last one
-    prompt = exp.prompt_ids(tok, exs[q])
+    prompt = run_exp.prompt_ids(tok, exs[q])
     want = _greedy_without_cache(params, mcfg, prompt, cfg.max_cot_tokens, {tok.eos_id})
     assert cots[q][0]["text"] == tok.decode(want[len(prompt):])
   assert any(c[0]["text"] != c[1]["text"] for c in cots)  # sampling at temperature 0.7 differs somewhere
-  rows = exp.build(cfg, tok, exp.questions(cfg), cots)
+  rows = run_exp.build(cfg, tok, run_exp.questions(cfg), cots)
   assert {r["kind"] for r in rows} <= {"greedy", "sampled"} and res["positions"] > len(rows)
   r = rows[0]
   assert r["ids"][r["cot_start"]:r["cot_end"]] == tok.encode(next(c for c in cots[r["question"]])["cot"])
   assert 0.0 <= res["horizon.top5.layer2.d1"] <= 1.0
   assert math.isnan(res["auroc.pivot"]) or 0 <= res["auroc.pivot"] <= 1
   assert res["full_vocab.layer"] == 2 and 0 < res["full_vocab.positions"] and 0 <= res["full_vocab.top5.d1"] <= 1
-  res2 = exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, "tiny-random")  # CoTs and features cached
+  res2 = run_exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, "tiny-random")  # CoTs and features cached
   assert res2["horizon.top5.layer2.d1"] == res["horizon.top5.layer2.d1"]
 
 
@@ -116,26 +117,26 @@ def test_a_task_file_replaces_the_generated_tasks(tmp_path):
           for i, a in zip(range(6), itertools.cycle(answers))]
   path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
   cfg = dataclasses.replace(CFG, task_file=str(path), examples=4)
-  exs = exp.questions(cfg)
+  exs = run_exp.questions(cfg)
   assert [(e.task, e.answer) for e in exs] == [(r["task"], r["answer"]) for r in rows if int(r["question"][-2]) < 4]
-  assert exp.answer_words(exs) == {"logic": ("false", "true"), "count": ("five", "four", "three")}
-  assert exp.splits(exs) == ["train"] * 2 + ["test"] * 2 + ["train"] * 2 + ["test"] * 2
+  assert run_exp.answer_words(exs) == {"logic": ("false", "true"), "count": ("five", "four", "three")}
+  assert run_exp.splits(exs) == ["train"] * 2 + ["test"] * 2 + ["train"] * 2 + ["test"] * 2
   tok = WordTokenizer(400)
-  built = exp.build(cfg, tok, exs)
+  built = run_exp.build(cfg, tok, exs)
   assert built[0]["ids"][built[0]["cot_start"]:built[0]["cot_end"]] == tok.encode("step one of 0\nstep two")
   path.write_text(json.dumps({"question": "q"}) + "\n")
   with pytest.raises(ValueError, match=r"tasks.jsonl:1: expected string fields \['answer', 'cot'\]"):
-    exp.questions(cfg)
+    run_exp.questions(cfg)
   with pytest.raises(FileNotFoundError, match="task_file .* does not exist"):
-    exp.run(dataclasses.replace(cfg, task_file=str(tmp_path / "none.jsonl")), str(tmp_path), False)
+    run_exp.run(dataclasses.replace(cfg, task_file=str(tmp_path / "none.jsonl")), str(tmp_path), False)
 
 
 def test_split_cot_cuts_where_the_answer_is_stated():
   answers = ("Yes", "No")
-  assert exp.split_cot("Both premises hold.\n**Final Answer:** no", answers) == ("Both premises hold.", "No")
-  assert exp.split_cot("So the answer is yes.", answers) == ("So", "Yes")
-  assert exp.split_cot("To find the answer, we count.", answers) == ("To find the answer, we count.", None)
-  assert exp.split_cot("Answer: maybe", answers) == ("", None)
+  assert run_exp.split_cot("Both premises hold.\n**Final Answer:** no", answers) == ("Both premises hold.", "No")
+  assert run_exp.split_cot("So the answer is yes.", answers) == ("So", "Yes")
+  assert run_exp.split_cot("To find the answer, we count.", answers) == ("To find the answer, we count.", None)
+  assert run_exp.split_cot("Answer: maybe", answers) == ("", None)
 
 
 def test_registered_with_presets_and_claims():
@@ -155,5 +156,5 @@ def test_smoke_preset_on_the_real_model(tmp_path):
     models.real_model_path("smollm2-135m-instruct")
   except FileNotFoundError as e:
     pytest.skip(str(e))
-  res = exp.run(exp.PRESETS["smoke"], str(tmp_path), False)
+  res = run_exp.run(exp.PRESETS["smoke"], str(tmp_path), False)
   assert 0.0 <= res["horizon.top5.layer15.d1"] <= 1.0 and res["positions"] > 0

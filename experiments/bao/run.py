@@ -23,6 +23,7 @@ from jaxlab.train import loop as loop_lib
 from jaxlab.train import rl_loop, schedules
 from jaxlab.train import state as state_lib
 
+
 EVAL_SEED0, RL_SEED0 = 1_000_000, 2_000_000
 SYSTEM = ("You are an agent solving a task through one tool. Reply with your reasoning, then exactly one call: "
           "'[action] CONTENT' talks to the user or probes the world, '[search] CONTENT' looks something up, "

@@ -1,0 +1,123 @@
+"""The run of fslora: what `python -m experiments run fslora` executes (its Config, presets and claims are in
+`experiments/fslora/__init__.py`, the paper and its departures in `experiments/fslora/README.md`)."""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments._shared import adapters as common
+from experiments import registry
+from jaxlab.adapters import fslora
+from experiments.fslora import Config
+
+
+def client_labels(examples) -> np.ndarray:
+  """Each example's class for the Dirichlet split: its label, or (when all share one) its answer's length."""
+  labels = np.asarray([e.label for e in examples])
+  if len(np.unique(labels)) > 1:
+    return labels
+  lengths = np.asarray([len(e.answer) for e in examples])
+  return np.unique(np.minimum(lengths, 8), return_inverse=True)[1]
+
+
+def mean_loss_fn(model_cfg):
+  sft = common.sft_loss_fn(model_cfg)
+
+  def loss_fn(params, batch):
+    s, w, _ = sft(params, batch, None)
+    return s / jnp.maximum(w, 1.0)
+  return loss_fn
+
+
+def run(cfg: Config, out_dir: str, resume: bool) -> dict:
+  del resume  # a finished run is cheap to repeat; nothing is checkpointed mid-way
+  common.check_paths(cfg.setup)
+  writer = common.Writer(os.path.join(out_dir, "metrics.jsonl"))
+  ctx = common.prepare(cfg.setup, out_dir, writer, cfg.seed)
+  labels = client_labels(ctx.train)
+  splits = fslora.dirichlet_split(labels, cfg.n_clients, cfg.dirichlet_alpha, seed=cfg.seed)
+  data, sizes = fslora.stack_clients(ctx.train_arrays, splits)
+  writer.write({"phase": "split", "sizes": sizes.tolist(),
+                "classes": [np.bincount(labels[s], minlength=labels.max() + 1).tolist() for s in splits]})
+  loss_fn = mean_loss_fn(ctx.model)
+
+  last = {}
+
+  def eval_fn(params):
+    acc, last["completions"] = ctx.evaluate(params)
+    return {"accuracy": acc, "test_loss": ctx.test_loss(params)}
+
+  runs = [(m, m, None, False) for m in cfg.methods]
+  runs += [("fslora_reweighted", "fslora", None, True)] if cfg.reweighted else []
+  runs += [(f"fslora_q{q:g}", "fslora", (q,), False) for q in cfg.sweep_ratios if q < 1]
+  key = jax.random.PRNGKey(cfg.seed + 3)
+  hist, base_acc, base_loss = {}, ctx.evaluate(ctx.params)[0], ctx.test_loss(ctx.params)
+  completions_path = common.fresh(os.path.join(out_dir, "completions.jsonl"))
+  for name, method, ratios, reweight in runs:
+    fcfg = cfg.federation(method, ratios, reweight)
+    _, h = fslora.simulate(fcfg, loss_fn, ctx.params, data, sizes, cfg.rounds, key, eval_fn, cfg.eval_every)
+    for r in h:
+      writer.write({"phase": "federated", "method": name, **r})
+    hist[name] = h
+    common.write_completions(completions_path, name, ctx.test, last["completions"])
+    print(f"fslora: {name} accuracy {h[-1]['accuracy']:.3f} after {h[-1]['upload_bytes'] / 2**20:.2f} MiB "
+          "uploaded", flush=True)
+  writer.close()
+
+  res: dict = {"accuracy": {"base": base_acc}, "test_loss": {"base": base_loss}, "upload_bytes": {},
+               "bytes_ratio": {}, "final_train_loss": {}}
+  ref = hist["fedlora"][-1]["upload_bytes"] if "fedlora" in hist else None
+  for name, h in hist.items():
+    res["accuracy"][name] = h[-1]["accuracy"]
+    res["test_loss"][name] = h[-1]["test_loss"]
+    res["upload_bytes"][name] = h[-1]["upload_bytes"]
+    res["final_train_loss"][name] = h[-1]["train_loss"]
+    if ref:
+      res["bytes_ratio"][name] = h[-1]["upload_bytes"] / ref
+  if "fedlora" in hist and "fslora" in hist:
+    res["fslora_minus_fedlora_points"] = 100 * (res["accuracy"]["fslora"] - res["accuracy"]["fedlora"])
+  res["client_sizes_min_max"] = f"{int(sizes.min())}-{int(sizes.max())}"
+  if jax.process_index() == 0:
+    _plots(out_dir, cfg, hist, base_acc, base_loss)
+    _table(os.path.join(out_dir, "table.md"), cfg, res)
+  return res
+
+
+def _plots(out_dir: str, cfg: Config, hist: dict, base_acc: float, base_loss: float) -> None:
+  for key, base, name, label in (("accuracy", base_acc, "accuracy_vs_bytes.png", "test accuracy (exact match)"),
+                                 ("test_loss", base_loss, "test_loss_vs_bytes.png", "test NLL of the solutions")):
+    series = {n: ([0] + [r["upload_bytes"] / 2**20 for r in h if key in r], [base] + [r[key] for r in h if key in r])
+              for n, h in hist.items()}
+    registry.plot_curves(os.path.join(out_dir, name), series, xlabel="cumulative upload (MiB)", ylabel=label,
+                         title=f"rank {cfg.rank}, heterogeneous ratios {cfg.ratios}", logy=key == "test_loss")
+  registry.plot_curves(os.path.join(out_dir, "train_loss.png"),
+                       {n: ([r["round"] for r in h], [r["train_loss"] for r in h]) for n, h in hist.items()},
+                       xlabel="round", ylabel="client loss (last local step)", logy=True)
+  sweep = {1.0: "fedlora", **{q: f"fslora_q{q:g}" for q in cfg.sweep_ratios if q < 1}}
+  pts = sorted((q, hist[n][-1]) for q, n in sweep.items() if n in hist)
+  if len(pts) > 1:
+    registry.plot_curves(os.path.join(out_dir, "sketch_ratio.png"),
+                         {"accuracy": ([q for q, _ in pts], [r["accuracy"] for _, r in pts]),
+                          "test NLL": ([q for q, _ in pts], [r["test_loss"] for _, r in pts])},
+                         xlabel="sketch ratio k/r (every client)", ylabel="test accuracy / test NLL",
+                         title=f"FSLoRA, {cfg.rounds} rounds (ratio 1 = FedLoRA)")
+
+
+def _table(path: str, cfg: Config, res: dict) -> None:
+  lines = ["| method | accuracy | test loss | uploaded MiB | bytes / FedLoRA | final client loss |",
+           "|---|---|---|---|---|---|",
+           f"| base (no fine-tuning) | {res['accuracy']['base']:.3f} | {res['test_loss']['base']:.4f} | 0 | 0 | - |"]
+  for n in res["upload_bytes"]:
+    ratio = res["bytes_ratio"].get(n, float("nan"))
+    lines.append(f"| {n} | {res['accuracy'][n]:.3f} | {res['test_loss'][n]:.4f} | "
+                 f"{res['upload_bytes'][n] / 2**20:.2f} | {ratio:.3f} | {res['final_train_loss'][n]:.4f} |")
+  lines += ["", f"{cfg.n_clients} clients, {cfg.clients_per_round} per round, {cfg.rounds} rounds, H = "
+            f"{cfg.local_steps}, client {cfg.local_opt} lr {cfg.local_lr:g}"
+            f"{' cosine-decayed over the rounds to 0.1x' if cfg.lr_decay else ''}, server {cfg.server_opt} lr "
+            f"{cfg.server_lr:g}, rank {cfg.rank}, heterogeneous ratios {cfg.ratios}, Dirichlet alpha "
+            f"{cfg.dirichlet_alpha}, client sizes {res['client_sizes_min_max']}."]
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")

@@ -1,0 +1,245 @@
+"""The run of gig: what `python -m experiments run gig` executes (its Config, presets and claims are in
+`experiments/gig/__init__.py`, the paper and its departures in `experiments/gig/README.md`)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import optax
+
+from experiments import registry
+from experiments._shared.chat_models import load_chat_model
+from experiments.gig import CHOOSERS, Config, cooking, textworld
+from experiments.gig.agents import METHODS, Kitchen, TextGame, play_agent
+from experiments.gig.planner import Memory, Planner, shortest_plan
+from jaxlab.models import gnn
+
+
+def _problems(cfg: Config, seeds, mode: str | None = None) -> list[cooking.Problem]:
+  return [cooking.generate(s, cfg.recipes[s % len(cfg.recipes)], mode or cfg.mode, distractors=cfg.distractors)
+          for s in seeds]
+
+
+def _trace(problem):
+  plan = shortest_plan(problem)
+  if plan is None:
+    raise RuntimeError(f"gig: no plan for {problem.goal}")
+  states = [problem.init]
+  for a in plan:
+    states.append(cooking.step(problem, states[-1], a))
+  return states, [a.text for a in plan]
+
+
+class _Embedder:
+  """Scene graphs -> embeddings, padded to fixed sizes so one compiled forward serves every call."""
+
+  def __init__(self, cfg: gnn.Config, nodes: int, edges: int, graphs: int):
+    self.sizes, self.d_embed = (nodes, edges, graphs), cfg.d_embed
+    self.fn = jax.jit(lambda p, g: gnn.forward(p, g, cfg))
+
+  def pad(self, graphs):
+    n, e, g = self.sizes
+    if len(graphs) >= g:
+      raise ValueError(f"gig: {len(graphs)} graphs do not fit a batch of {g - 1}")
+    return gnn.pad(gnn.batch(graphs), n, e, g)
+
+  def __call__(self, params, graphs):
+    out = []
+    for i in range(0, len(graphs), self.sizes[2] - 1):
+      chunk = graphs[i:i + self.sizes[2] - 1]
+      out.append(np.asarray(self.fn(params, self.pad(chunk)))[:len(chunk)])
+    return np.concatenate(out)
+
+
+def triplet_metrics(z, lengths, margin: float, seed: int, n: int = 512) -> tuple[float, float]:
+  """(accuracy: the next state nearer than another trace's state, triplet loss) on `n` sampled triplets."""
+  t = gnn.sample_triplets(lengths, n, np.random.default_rng(seed))
+  d_ap = np.sum((z[t[:, 0]] - z[t[:, 1]]) ** 2, axis=-1)
+  d_an = np.sum((z[t[:, 0]] - z[t[:, 2]]) ** 2, axis=-1)
+  return float(np.mean(d_ap < d_an)), float(np.mean(np.maximum(d_ap - d_an + margin, 0.0)))
+
+
+def play(problem, planner: Planner, embed, params, max_steps: int) -> dict:
+  state, sources = problem.init, []
+  for t in range(max_steps):
+    if cooking.success(problem, state):
+      break
+    z = embed(params, [cooking.scene_graph(problem, state)])[0]
+    out = planner.decide(problem, state, z, t)
+    if out["action"] is None:
+      break
+    sources.append(out["source"])
+    state = cooking.step(problem, state, cooking.parse_action(problem, state, out["action"]))
+  return {"success": cooking.success(problem, state), "steps": len(sources),
+          "memory_share": float(np.mean([s == "memory" for s in sources])) if sources else 0.0}
+
+
+def _tw_settings(cfg: Config) -> dict:
+  return {"recipe": cfg.tw_recipe, "take": cfg.tw_take, "go": cfg.tw_go, "open": cfg.tw_open, "cut": cfg.tw_cut,
+          "cook": cfg.tw_cook}
+
+
+def fit_gat(cfg: Config, gcfg: gnn.Config, graphs, lengths, more_graphs, log_path: str):
+  """(params, embedder, losses): the GAT trained by `cfg.steps` Adam steps on triplets of the traces `graphs`
+  (consecutive runs of `lengths`); the embedder is sized for these graphs and `more_graphs` too."""
+  every = list(graphs) + list(more_graphs)
+  max_n, max_e = max(int(g.n_node[0]) for g in every), max(int(g.n_edge[0]) for g in every)
+  g_batch = 3 * cfg.triplets
+  train_pad = (gnn.round_up(g_batch * max_n + 1, 64), gnn.round_up(g_batch * max_e, 64), gnn.round_up(g_batch + 1, 8))
+  embed = _Embedder(gcfg, gnn.round_up(16 * max_n + 1, 64), gnn.round_up(16 * max_e, 64), 17)
+  params = gnn.init(gcfg, jax.random.PRNGKey(cfg.seed))
+  rng = np.random.default_rng(cfg.seed)
+  tx = optax.adam(cfg.lr)
+  opt_state = tx.init(params)
+  step = gnn.make_train_step(gcfg, tx, margin=cfg.margin, uniformity_weight=cfg.uniformity_weight)
+  b, losses = cfg.triplets, []
+  with open(log_path, "w") as f:
+    for i in range(cfg.steps):
+      flat = gnn.sample_triplets(lengths, b, rng).T.reshape(-1)
+      batch = {"graphs": gnn.pad(gnn.batch([graphs[j] for j in flat]), *train_pad),
+               "anchor": np.arange(b, dtype=np.int32), "positive": np.arange(b, 2 * b, dtype=np.int32),
+               "negative": np.arange(2 * b, 3 * b, dtype=np.int32)}
+      params, opt_state, m = step(params, opt_state, jax.tree.map(jax.numpy.asarray, batch))
+      losses.append(float(m["loss"]))
+      f.write(json.dumps({"step": i, **{k: float(v) for k, v in m.items()}}) + "\n")
+  return params, embed, losses
+
+
+def _score(res: dict, env: str, method: str, runs: list[dict]) -> None:
+  for k in ("pass1", "calls", "tokens", "steps"):
+    res[f"{k}.{env}.{method}"] = float(np.mean([r["success" if k == "pass1" else k] for r in runs]))
+  if method == "gig":
+    res[f"memory_share.{env}"] = float(np.mean([r["memory_share"] for r in runs]))
+
+
+def _log(f, env: str, method: str, r: dict) -> None:
+  f.write(json.dumps({"env": env, "method": method, **{k: v for k, v in r.items() if k != "graphs"}}) + "\n")
+
+
+def evaluate_agents(cfg: Config, env: str, worlds, upper_bounds, llm, memory: Memory, embed, gparams, f) -> dict:
+  """Every method on `worlds` (fresh per method: `worlds()` yields them in seed order); `upper_bounds` holds the
+  planner's action list per world (None when it finds none). GiG's memory grows by each episode it solves."""
+  res = {}
+  for method in METHODS:
+    runs = []
+    for world, plan in zip(worlds(), upper_bounds):
+      if method == "planner":
+        r = {"success": plan is not None and len(plan) <= cfg.llm_max_steps, "steps": len(plan or ()), "calls": 0,
+             "tokens": 0, "memory_share": 0.0, "actions": list(plan or ())}
+      else:
+        r = play_agent(world, method, llm, depth=cfg.depth, max_steps=cfg.llm_max_steps, memory=memory,
+                       embed=embed, gparams=gparams, threshold=cfg.threshold)
+        if method == "gig" and r["success"]:
+          memory.add_trace(embed(gparams, r["graphs"]), r["actions"])
+      runs.append(r)
+      _log(f, env, method, r)
+    _score(res, env, method, runs)
+  return res
+
+
+def _memory(d_embed: int, z, lengths, traces) -> Memory:
+  """A memory of solved traces: `z` holds their state embeddings back to back (consecutive runs of `lengths`)."""
+  memory = Memory(d_embed)
+  for (_, actions), s0, n in zip(traces, np.cumsum([0] + list(lengths[:-1])), lengths):
+    memory.add_trace(z[s0:s0 + n], actions)
+  return memory
+
+
+def _kitchen_agents(cfg: Config, llm, embed, gparams, memory_of, f) -> dict:
+  """The kitchen part; `memory_of(mode)` is a fresh memory of the mode's training traces."""
+  res = {}
+  for env in (e for e in cfg.llm_envs if e.startswith("cooking_")):
+    mode = env.split("_")[1]
+    memory = memory_of(mode)
+    problems = _problems(cfg, range(1000, 1000 + cfg.llm_problems), mode)
+    plans = [[a.text for a in plan] if (plan := shortest_plan(p)) is not None else None for p in problems]
+    res.update(evaluate_agents(cfg, env, lambda problems=problems: [Kitchen(p) for p in problems], plans, llm, memory,
+                               embed, gparams, f))
+  return res
+
+
+def _textworld_agents(cfg: Config, out_dir: str, llm, f) -> dict:
+  """The TextWorld part: walkthroughs of the training games train a GAT on fact graphs and fill the memory."""
+  games = cfg.tw_games or os.path.join(out_dir, "textworld_games")
+  env = textworld.TextWorldCooking(games, **_tw_settings(cfg))
+  graphs, lengths, traces = [], [], []
+  for seed in range(cfg.tw_train_games):
+    env.reset(seed)
+    walk, trace = list(env.walkthrough), [textworld.scene_graph(env.facts)]
+    for a in walk:
+      env.step(a)
+      trace.append(textworld.scene_graph(env.facts))
+    if not env.state["won"]:
+      raise RuntimeError(f"gig: TextWorld's walkthrough of game {seed} does not win")
+    graphs += trace
+    lengths.append(len(trace))
+    traces.append((trace, walk))
+  gcfg = dataclasses.replace(gnn.PRESETS[cfg.model], node_features=textworld.NODE_FEATURES,
+                             edge_features=textworld.EDGE_FEATURES)
+  seeds = range(1000, 1000 + cfg.llm_problems)
+  test = []
+  for s in seeds:
+    env.reset(s)
+    test.append((textworld.scene_graph(env.facts), list(env.walkthrough)))
+  params, embed, losses = fit_gat(cfg, gcfg, graphs, lengths, [g for g, _ in test],
+                                  os.path.join(out_dir, "metrics_textworld.jsonl"))
+  memory = _memory(gcfg.d_embed, embed(params, graphs), lengths, traces)
+  worlds = lambda: [TextGame(textworld.TextWorldCooking(games, **_tw_settings(cfg)), s) for s in seeds]  # noqa: E731
+  res = evaluate_agents(cfg, "textworld", worlds, [w for _, w in test], llm, memory, embed, params, f)
+  res["textworld.gat_loss.first"], res["textworld.gat_loss.last"] = losses[0], losses[-1]
+  return res
+
+
+def run(cfg: Config, out_dir: str, resume: bool) -> dict:
+  del resume  # minutes of work at the cpu preset; recomputed
+  modes = [e.split("_")[1] for e in cfg.llm_envs if e.startswith("cooking_")] if cfg.llm else []
+  modes = list(dict.fromkeys([cfg.mode] + modes))  # the GAT trains on every mode played, cfg.mode's traces first
+  by_mode = {m: _problems(cfg, range(cfg.train_problems), m) for m in modes}
+  train, train_all = by_mode[cfg.mode], [p for m in modes for p in by_mode[m]]
+  test = _problems(cfg, range(1000, 1000 + cfg.test_problems))
+  traces = {"train": [_trace(p) for p in train_all], "test": [_trace(p) for p in test]}
+  graphs = {k: [cooking.scene_graph(p, s) for p, (states, _) in zip(ps, traces[k]) for s in states]
+            for k, ps in (("train", train_all), ("test", test))}
+  lengths = {k: [len(states) for states, _ in v] for k, v in traces.items()}
+  gcfg = dataclasses.replace(gnn.PRESETS[cfg.model], node_features=cooking.NODE_FEATURES,
+                             edge_features=cooking.EDGE_FEATURES)
+  init = gnn.init(gcfg, jax.random.PRNGKey(cfg.seed))  # fit_gat's own copy: its train step donates the params
+  params, embed, losses = fit_gat(cfg, gcfg, graphs["train"], lengths["train"], graphs["test"],
+                                  os.path.join(out_dir, "metrics.jsonl"))
+  acc_init, loss_init = triplet_metrics(embed(init, graphs["test"]), lengths["test"], cfg.margin, cfg.seed + 1)
+  acc_trained, loss_trained = triplet_metrics(embed(params, graphs["test"]), lengths["test"], cfg.margin,
+                                              cfg.seed + 1)
+  z_train = embed(params, graphs["train"])
+  k, ends = cfg.train_problems, np.cumsum([0] + lengths["train"])
+
+  def memory_of(mode: str) -> Memory:
+    """A fresh memory of `mode`'s training traces (the k traces of its place in `modes`)."""
+    i = modes.index(mode) * k
+    return _memory(gcfg.d_embed, z_train[ends[i]:ends[i + k]], lengths["train"][i:i + k], traces["train"][i:i + k])
+  memory = memory_of(cfg.mode)
+  res = {"triplet_acc.init": acc_init, "triplet_acc.trained": acc_trained, "heldout_triplet_loss.init": loss_init,
+         "heldout_triplet_loss.trained": loss_trained,
+         "loss.first": losses[0] if losses else None, "loss.last": losses[-1] if losses else None}
+  for split, ps in (("seen", train), ("unseen", test)):
+    for name, mem in (("memory", memory), ("lookahead", Memory(gcfg.d_embed))):
+      runs = [play(p, Planner(mem, cfg.threshold, cfg.depth), embed, params, cfg.max_steps) for p in ps]
+      res[f"success.{split}.{name}"] = float(np.mean([r["success"] for r in runs]))
+      res[f"steps.{split}.{name}"] = float(np.mean([r["steps"] for r in runs]))
+      if name == "memory":
+        res[f"memory_share.{split}"] = float(np.mean([r["memory_share"] for r in runs]))
+  res["plan_length.mean"] = float(np.mean([len(a) for _, a in traces["train"][:len(train)] + traces["test"]]))
+  if cfg.llm:
+    mcfg, lparams, tok = load_chat_model(cfg.llm)
+    llm = CHOOSERS[cfg.chooser](mcfg, lparams, tok)
+    with open(os.path.join(out_dir, "episodes.jsonl"), "w") as f:
+      res.update(_kitchen_agents(cfg, llm, embed, params, memory_of, f))
+      if "textworld" in cfg.llm_envs:
+        res.update(_textworld_agents(cfg, out_dir, llm, f))
+  if losses:
+    registry.plot_curves(os.path.join(out_dir, "loss.png"), {"triplet + uniformity": (list(range(len(losses))),
+                                                                                       losses)},
+                         title="gig: GAT training loss on solved kitchen traces")
+  return res

@@ -1,0 +1,129 @@
+"""The run of stllm: what `python -m experiments run stllm` executes (its Config, presets and claims are in
+`experiments/stllm/__init__.py`, the paper and its departures in `experiments/stllm/README.md`)."""
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+
+from experiments._shared import recipes, vlm_pipeline as pipe
+from experiments.stllm import data as data_lib, full, model as model_lib, rea
+from jaxlab import losses
+from jaxlab.data import load_tokenizer
+from jaxlab.data.tasks import scenes as scenes_lib
+from experiments.stllm import rooms
+from experiments.stllm import overlap
+from jaxlab.models import multimodal as mm, pointcloud, qformer, transformer as tfm, video as video_lib, vit
+from jaxlab.train import loop as loop_lib, metrics as metrics_lib, schedules, state as state_lib, step as step_lib
+from experiments.stllm import Config, MODELS
+
+
+def model_config(cfg: Config, kind: str, text: tfm.Config, video_id: int, points_id: int) -> model_lib.ModelConfig:
+  rc = cfg.room
+  v = vit.clip_config(image_size=rc.image_size, patch_size=cfg.patch, d_model=cfg.vit_width, n_layers=1,
+                      n_heads=4, d_ff=2 * cfg.vit_width)
+  video = video_lib.Config(features=mm.VitFeatures(vision=v, feature_layers=(-1,)), n_frames=rc.n_frames)
+  (w1, w2), (c1, c2) = cfg.point_widths, cfg.point_centres
+  s = rc.size
+  points = pointcloud.Config(n_points=rc.n_points, in_features=6, ray_freqs=cfg.ray_freqs if kind == "stllm_aligner"
+                             else 0, stages=(pointcloud.Stage(c1, 8, 0.15 * s, (w1, w1)),
+                                             pointcloud.Stage(c2, 8, 0.4 * s, (w2, w2))))
+  d = text.d_model
+  aligner = qformer.Config(d_model=d, n_layers=cfg.aligner_layers, n_heads=4, d_ff=2 * d, encoder_width=w2,
+                           cross_every=min(2, cfg.aligner_layers), n_latents=cfg.n_latents, out_width=d,
+                           video_width=video.width, text_width=d)
+  return model_lib.ModelConfig(kind, text, video, points, aligner, video_id, points_id)
+
+
+def point_features(d: rea.Data, size: float) -> rea.Data:
+  """rgb -> [rgb, xyz / size - 0.5]: the absolute position as a point feature (set abstraction sees only
+  offsets from its centres)."""
+  return d._replace(rgb=np.concatenate([d.rgb, d.xyz / size - 0.5], -1).astype(np.float32))
+
+
+def _fit(name, loss, params, sampler, steps, lr, warmup, log_every, out_dir, seed):
+  sched = schedules.get("cosine", lr, steps, warmup, 0.1)
+  tx = recipes.optimizer(sched, "adamw", grad_clip=1.0, b2=0.98, weight_decay=1e-4)
+  step = jax.jit(step_lib.make_train_step(loss, tx, schedule=sched))
+  state = state_lib.create(params, tx, seed)
+  with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
+    for s in range(steps):
+      state, m = step(state, next(sampler))
+      if not bool(m["finite"]):
+        msg, leaf = loop_lib.nonfinite_message(s + 1, jax.device_get(m), step_lib.leaf_paths(params), None)
+        f.write(metrics_lib.json_line({"stage": name, "step": s, "event": "non_finite", "message": msg}))
+        raise loop_lib.NonFiniteError(f"{name}: {msg}", s + 1, leaf)
+      if s % log_every == 0 or s == steps - 1:
+        f.write(metrics_lib.json_line({"stage": name, "step": s, "loss": float(m["loss"])}))
+        f.flush()
+  return state.params
+
+
+def _lm(cfg: Config, tok, text: tfm.Config, out_dir: str):
+  """The word-level LM trained on questions and answers as text (fresh rooms, nothing rendered)."""
+  rng = np.random.default_rng(cfg.seed + 7)
+  qs = [q for i in range(cfg.lm_rooms) for q in rea.questions(rooms.generate_room(cfg.room, rng), i, cfg.room, rng)]
+  arr = pipe.lm_data([f"{q.question} {q.answer}" for q in qs], tok, text.max_position_embeddings)
+  rs = np.random.default_rng(cfg.seed + 8)
+
+  def sampler():
+    while True:
+      idx = rs.integers(0, len(qs), cfg.batch)
+      yield {k: v[idx] for k, v in arr.items()}
+  return _fit("text_lm", losses.lm_loss_fn(text), tfm.init(text, jax.random.PRNGKey(cfg.seed)), sampler(),
+              cfg.lm_steps, cfg.lr, cfg.warmup, cfg.log_every, out_dir, cfg.seed)
+
+
+def scores(preds, qs, model: str) -> dict:
+  """accuracy / mean / mean_both, and BLEU-4 / ROUGE-L on the free-form tasks, for one model's answers."""
+  res, by = {}, rea.answers_by_task(qs)
+  for task, idx in by.items():
+    if idx:
+      res[f"accuracy.{task}.{model}"] = float(np.mean([preds[i] == qs[i].answer for i in idx]))
+      if task in rea.FREE_FORM:
+        cand, ref = [preds[i].split() for i in idx], [qs[i].answer.split() for i in idx]
+        res[f"bleu4.{task}.{model}"] = overlap.corpus_bleu(cand, ref)
+        res[f"rouge_l.{task}.{model}"] = overlap.rouge_l(cand, ref)
+  res[f"mean.{model}"] = float(np.mean([res[f"accuracy.{t}.{model}"] for t in rea.TASKS if by[t]]))
+  both = [res[f"accuracy.{t}.{model}"] for t in rea.NEEDS_BOTH if by[t]]
+  res[f"mean_both.{model}"] = float(np.mean(both)) if both else 0.0
+  return res
+
+
+def run(cfg: Config, out_dir: str, resume: bool) -> dict:
+  del resume
+  os.makedirs(out_dir, exist_ok=True)
+  if cfg.rea_path is not None:
+    train, test, tok, text, lm_params, vid, pid = full.load(cfg)
+  else:
+    tok = load_tokenizer(scenes_lib.save_tokenizer(os.path.join(out_dir, "tokenizer"), rea.vocabulary()))
+    n_pos = 8 + cfg.n_latents + cfg.room.n_frames * (cfg.room.image_size // cfg.patch) ** 2 + cfg.point_centres[1] + 40
+    text = tfm.Config(vocab_size=-(-tok.vocab_size // 16) * 16, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                      n_heads=4, d_ff=4 * cfg.d_model, max_position_embeddings=n_pos, bos_token_id=tok.bos_id,
+                      eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
+    train = rea.generate(cfg.n_train_rooms, cfg.room, cfg.seed + 1)
+    test = rea.generate(cfg.n_test_rooms, cfg.room, cfg.seed + 2)
+    lm_params = _lm(cfg, tok, text, out_dir)
+    vid, pid = tok.encode("<image>")[0], tok.encode(rea.POINTS)[0]
+  train, test = (point_features(d, cfg.room.size) for d in (train, test))
+  res = {"train.questions": len(train.questions), "test.questions": len(test.questions)}
+  max_new = data_lib.answer_length(train.questions + test.questions, tok)
+  samples = {"question": [q.question for q in test.questions], "answer": [q.answer for q in test.questions]}
+  for kind in MODELS:
+    mcfg = model_config(cfg, kind, text, vid, pid)
+    rows = data_lib.Rows(tok, mcfg, train, max_new)
+    # one key for every model: the parts they share (video encoder, point encoder) start equal
+    params = model_lib.init(mcfg, jax.random.PRNGKey(cfg.seed + 100), lm_params)
+    params = _fit(kind, model_lib.loss_fn(mcfg), params, rows.sampler(cfg.batch, cfg.seed + 11), cfg.steps, cfg.lr,
+                  cfg.warmup, cfg.log_every, out_dir, cfg.seed)
+    preds = data_lib.Rows(tok, mcfg, test, max_new).generate(
+        params, model_lib.greedy(mcfg, data_lib.banned(tok, mcfg)), min(cfg.eval_batch, len(test.questions)))
+    res.update(scores(preds, test.questions, kind))
+    samples[kind] = preds
+  if jax.process_index() == 0:
+    with open(os.path.join(out_dir, "samples.json"), "w") as f:
+      json.dump([{k: v[i] for k, v in samples.items()} for i in range(min(25, len(test.questions)))], f, indent=1)
+  res["steps"] = cfg.steps
+  return res

@@ -1,0 +1,297 @@
+"""The run of tele_lens: what `python -m experiments run tele_lens` executes (its Config, presets and claims are in
+`experiments/tele_lens/__init__.py`, the paper and its departures in `experiments/tele_lens/README.md`)."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import registry
+from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
+from jaxlab.data.tasks import reasoning
+from jaxlab.generate import sample
+from jaxlab.interp import probes
+from jaxlab.models import transformer as tfm
+from experiments.tele_lens import ANSWER_RE, Config, INSTRUCTION
+
+
+def questions(cfg: Config) -> list[reasoning.Example]:
+  """`examples` problems per task: generated (balanced over the task's answers, deterministic in `seed`), or the
+  first `examples` rows of each task of `task_file`."""
+  if cfg.task_file:
+    return read_tasks(cfg.task_file, cfg.examples, need_cot=cfg.cot == "template")
+  return [ex for task in cfg.tasks for ex in (reasoning.generate(task, cfg.examples, seed=cfg.seed)
+                                              if task in reasoning.TASKS else
+                                              reasoning.from_gym(task, cfg.examples, seed=cfg.seed))]
+
+
+def read_tasks(path: str, per_task: int, need_cot: bool = False) -> list[reasoning.Example]:
+  """Questions from a JSONL file, one {"question", "answer", "task" (optional), "cot" (optional, one step per
+  line)} object per line; the first `per_task` of each task, grouped by task in order of first appearance."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"task_file {path!r} does not exist (expected JSONL with question and answer fields)")
+  by_task: dict[str, list] = {}
+  with open(path) as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+      missing = [k for k in ("question", "answer") + (("cot",) if need_cot else ()) if not isinstance(row.get(k), str)]
+      if missing:
+        raise ValueError(f"{path}:{n}: expected string fields {missing}, found keys {sorted(row)}")
+      task = str(row.get("task", "file"))
+      cot = tuple(row.get("cot", "").split("\n")) if row.get("cot") else ()
+      by_task.setdefault(task, []).append(reasoning.Example(task, row["question"], cot, row["answer"], ()))
+  if not by_task:
+    raise ValueError(f"{path}: no questions")
+  return [ex for rows in by_task.values() for ex in rows[:per_task]]
+
+
+def answer_words(exs) -> dict[str, tuple[str, ...]]:
+  """Each task's answer words: the registry's for generated tasks, the answers that occur for a file's."""
+  out = {}
+  for ex in exs:
+    if ex.task in reasoning.TASKS:
+      out[ex.task] = reasoning.TASKS[ex.task].answers
+    elif ex.task in reasoning.GYM_TASKS:
+      out[ex.task] = reasoning.GYM_TASKS[ex.task]
+    else:
+      out[ex.task] = tuple(sorted(set(out.get(ex.task, ())) | {ex.answer}))
+  return out
+
+
+def splits(exs) -> list[str]:
+  """"train" for the first half of each task's questions, "test" for the rest."""
+  count, seen = collections.Counter(ex.task for ex in exs), collections.Counter()
+  out = []
+  for ex in exs:
+    seen[ex.task] += 1
+    out.append("train" if seen[ex.task] <= count[ex.task] // 2 else "test")
+  return out
+
+
+def prompt_ids(tok, ex: reasoning.Example) -> list[int]:
+  return chat_ids(tok, ex.prompt + INSTRUCTION)
+
+
+def split_cot(text: str, answers) -> tuple[str, str | None]:
+  """(the CoT before the model states its answer, the first of `answers` it states after, or None)."""
+  m = ANSWER_RE.search(text)
+  if m is None:
+    return text.strip(), None
+  said = re.search(r"(?i)\b(" + "|".join(map(re.escape, answers)) + r")\b", text[m.end():])
+  return text[:m.start()].strip(), (next(a for a in answers if a.lower() == said.group(1).lower()) if said else None)
+
+
+def model_cots(cfg: Config, params, mcfg: tfm.Config, tok, exs) -> list[list[dict]]:
+  """Per question: the model's greedy CoT, then `sampled_cots` sampled ones, each {"kind", "text" (the generation),
+  "cot" (cut before the stated answer), "stated" (that answer or None)}; every batch has the same shape (rows
+  padded with the last prompt, prompts left-padded to the longest), so each decoding mode compiles once."""
+  prompts = [prompt_ids(tok, ex) for ex in exs]
+  width = max(len(p) for p in prompts)
+  stops = stop_tokens(mcfg, tok)
+  kinds = [("greedy", 0.0)] + [("sampled", cfg.temperature)] * cfg.sampled_cots
+  out, words = [[] for _ in exs], answer_words(exs)
+  key = jax.random.key(cfg.seed)
+  for j, (kind, temp) in enumerate(kinds):
+    for i in range(0, len(prompts), cfg.generate_batch):
+      part = prompts[i:i + cfg.generate_batch]
+      part = part + [part[-1]] * (cfg.generate_batch - len(part))
+      toks = np.full((len(part), width), tok.batch_pad_id, np.int32)
+      mask = np.zeros((len(part), width), np.int32)
+      for b, p in enumerate(part):
+        toks[b, width - len(p):], mask[b, width - len(p):] = p, 1
+      res = sample(params, mcfg, toks, cfg.max_cot_tokens, prompt_mask=mask, temperature=temp,
+                   key=jax.random.fold_in(key, j * 100003 + i), stop_tokens=stops, pad_id=tok.batch_pad_id)
+      new, lengths = np.asarray(res.tokens), np.asarray(res.lengths)
+      for b in range(min(cfg.generate_batch, len(prompts) - i)):
+        ex = exs[i + b]
+        text = tok.decode([int(t) for t in new[b, :lengths[b]] if int(t) not in stops])
+        cot, stated = split_cot(text, words[ex.task])
+        out[i + b].append({"kind": kind, "text": text, "cot": cot, "stated": stated})
+  return out
+
+
+def build(cfg: Config, tok, exs, cots: list[list[dict]] | None = None) -> list[dict]:
+  """Rows with token ids: prompt, CoT, "\nAnswer:" and the one-token gold answer, and where each part starts;
+  one row per non-empty CoT of the questions `exs` (the template's, or each of `cots[q]`, the model's CoTs of
+  question q)."""
+  if (cfg.cot == "model") != (cots is not None) or (cots is not None and len(cots) != len(exs)):
+    raise ValueError(f"cot={cfg.cot!r} needs {'one list of CoTs per question' if cfg.cot == 'model' else 'no cots'}"
+                     f" ({len(exs)} questions), found {None if cots is None else len(cots)}")
+  rows, words, split = [], answer_words(exs), splits(exs)
+  for q, ex in enumerate(exs):
+    prompt = prompt_ids(tok, ex)
+    slot = tok.encode("\nAnswer:")
+    ans = tok.encode(" " + ex.answer)
+    if len(ans) != 1:
+      raise ValueError(f"answer {ex.answer!r} is {len(ans)} tokens; the answer probe reads one token")
+    choices = sorted({tok.encode(" " + a)[0] for a in words[ex.task]})
+    for c in ([{"kind": "template", "cot": ex.cot, "stated": None}] if cots is None else cots[q]):
+      if not c["cot"]:
+        continue  # answered at once: no CoT to probe
+      cot = tok.encode(c["cot"])
+      ids = prompt + cot + slot + ans
+      rows.append({"task": ex.task, "question": q, "kind": c["kind"], "stated": c["stated"],
+                   "gold": ex.answer, "split": split[q],
+                   "ids": ids, "cot_start": len(prompt), "cot_end": len(prompt) + len(cot),
+                   "slot": len(ids) - 2, "answer": ans[0], "choices": choices})
+  return rows
+
+
+def _lm_readouts(params, mcfg: tfm.Config, rows, answer_ids, batch: int = 8):
+  """Per row: self-certainty and log-prob of the next CoT token at each position, and the answer-word logits at
+  the answer slot (a plain forward; full-vocabulary logits never leave the device)."""
+  answer_ids = jnp.asarray(answer_ids, jnp.int32)
+
+  @jax.jit
+  def fn(params, tokens_BT, mask_BT):  # weights as an argument, not constants folded into the program
+    logits = tfm.forward(params, tokens_BT, mcfg, attention_mask_BT=mask_BT).logits.astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, -1)
+    sc = -jnp.mean(logp, -1) - jnp.log(logp.shape[-1])
+    nxt = jnp.take_along_axis(logp[:, :-1], tokens_BT[:, 1:, None], -1)[..., 0]
+    return sc, nxt, logits[..., answer_ids]
+
+  out = []
+  for i in range(0, len(rows), batch):
+    part = rows[i:i + batch]
+    t = -(-max(len(r["ids"]) for r in part) // 32) * 32
+    tok = np.zeros((batch, t), np.int32)
+    mask = np.zeros((batch, t), np.int32)
+    for b, r in enumerate(part):
+      tok[b, :len(r["ids"])], mask[b, :len(r["ids"])] = r["ids"], 1
+    sc, nxt, ans = (np.asarray(x) for x in fn(params, tok, mask))
+    for b, r in enumerate(part):
+      out.append({"sc": sc[b], "next_logprob": nxt[b], "answer_logits": ans[b, r["slot"]]})
+  return out
+
+
+def cached_cots(cfg: Config, out_dir: str, params, mcfg: tfm.Config, tok, exs) -> list[list[dict]]:
+  """`model_cots`, read from out_dir/cots.json when a run of this config wrote it, else generated and written."""
+  path = os.path.join(out_dir, "cots.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      return json.load(f)
+  cots = model_cots(cfg, params, mcfg, tok, exs)
+  with open(path + ".tmp", "w") as f:
+    json.dump(cots, f, indent=1)
+  os.replace(path + ".tmp", path)
+  return cots
+
+
+def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, model_name: str, exs=None) -> dict:
+  """The experiment on a loaded model; `exs` the questions when already read (default `questions(cfg)`)."""
+  if cfg.layers[-1] > mcfg.n_layers:
+    raise ValueError(f"layers must be <= the model's {mcfg.n_layers} layers, found {cfg.layers}")
+  exs = questions(cfg) if exs is None else exs
+  rows = build(cfg, tok, exs, cached_cots(cfg, out_dir, params, mcfg, tok, exs) if cfg.cot == "model" else None)
+  seqs = [r["ids"] for r in rows]
+  # CoT positions: from the token before the CoT (it predicts the CoT's first token) to the last CoT token
+  pos = np.array([(i, t) for i, r in enumerate(rows) for t in range(r["cot_start"] - 1, r["cot_end"])])
+  train = np.array([rows[i]["split"] == "train" for i in pos[:, 0]])
+  ends = [r["cot_end"] for r in rows]
+  tok_targets = probes.token_targets(seqs, pos, cfg.horizon, ends=ends)
+  vocab = np.unique(np.concatenate([tok_targets[tok_targets >= 0], [r["answer"] for r in rows]]))
+  y_tokens = probes.to_subset(tok_targets, vocab)
+  answer_ids = sorted({a for r in rows for a in r["choices"]})
+  y_answer = probes.to_subset([rows[i]["answer"] for i in pos[:, 0]], answer_ids)
+  head_tokens, head_answer = probes.lm_head(params, vocab), probes.lm_head(params, answer_ids)
+  base = probes.Config(d_model=mcfg.d_model, rank=cfg.rank, alpha=cfg.alpha, horizon=cfg.horizon,
+                       learning_rate=cfg.learning_rate)
+  cache = os.path.join(out_dir, "features")
+  res, answer_probs = {}, {}
+  records = []
+  for layer in cfg.layers:
+    h = probes.extract_cached(cache, model_name, params, mcfg, seqs, layer, pos)
+    pc = base.replace(kind="tokens")
+    p, losses = probes.train(pc, h[train], y_tokens[train], head_DV=head_tokens, epochs=cfg.epochs,
+                             batch_size=cfg.batch_size, seed=cfg.seed)
+    top5 = probes.topk_accuracy(probes.predict(p, pc, h[~train], head_tokens), y_tokens[~train], k=5)
+    for d in range(1, cfg.horizon + 1):
+      res[f"horizon.top5.layer{layer}.d{d}"] = float(top5[d - 1])
+    if cfg.full_vocab_positions and layer == cfg.uncertainty_layer:
+      res.update(_full_vocab_check(cfg, p, pc, params, h, ~train, tok_targets, y_tokens, head_tokens, layer))
+    pa = base.replace(kind="answer")
+    p, losses_a = probes.train(pa, h[train], y_answer[train], head_DV=head_answer, epochs=cfg.epochs,
+                               batch_size=cfg.batch_size, seed=cfg.seed)
+    logits = probes.predict(p, pa, h, head_answer)
+    res[f"final_answer_acc.layer{layer}"] = float(np.mean(logits[~train].argmax(-1) == y_answer[~train]))
+    answer_probs[layer] = logits
+    records.append({"layer": layer, "token_probe_loss": losses[-1], "answer_probe_loss": losses_a[-1],
+                    "top5": [float(v) for v in top5]})
+  with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in records)
+  for d in range(1, cfg.horizon + 1):
+    res[f"horizon.top5.mean.d{d}"] = float(np.nanmean([res[f"horizon.top5.layer{l}.d{d}"] for l in cfg.layers]))
+
+  # uncertainty and bypass on the test half
+  lm = _lm_readouts(params, mcfg, rows, answer_ids)
+  ent = np.asarray(probes.entropy(answer_probs[cfg.uncertainty_layer]))
+  norm_ent = ent / np.log(len(answer_ids))
+  pred_probe = np.asarray(answer_ids)[answer_probs[cfg.uncertainty_layer].argmax(-1)]
+  test = [i for i, r in enumerate(rows) if r["split"] == "test"]
+  correct, pivot, high, sc, ppl, bypassed, bypass_right = [], [], [], [], [], [], []
+  for i in test:
+    r, here = rows[i], pos[:, 0] == i
+    cols = [answer_ids.index(a) for a in r["choices"]]
+    lm_answer = r["choices"][int(np.argmax(lm[i]["answer_logits"][cols]))]
+    correct.append(lm_answer == r["answer"])
+    every = np.ones((1, here.sum()), bool)
+    pivot.append(float(probes.pivot_uncertainty(ent[here][None], every, cfg.pivot_k)[0]))
+    high.append(float(probes.pivot_uncertainty(ent[here][None], every, cfg.pivot_k, highest=True)[0]))
+    cot = slice(r["cot_start"] - 1, r["cot_end"] - 1)  # positions whose next token is a CoT token
+    sc.append(float(np.mean(lm[i]["sc"][cot])))
+    ppl.append(float(np.exp(-np.mean(lm[i]["next_logprob"][cot]))))
+    early = np.nonzero(norm_ent[here][:cfg.bypass_window] < cfg.bypass_threshold)[0]
+    bypassed.append(len(early) > 0)
+    bypass_right.append(bool(pred_probe[here][early[0]] == r["answer"]) if len(early) else correct[-1])
+  correct = np.asarray(correct)
+  both = 0 < correct.sum() < len(correct)
+  res["auroc.pivot"] = probes.auroc(-np.asarray(pivot), correct) if both else float("nan")
+  res["auroc.topk_highest"] = probes.auroc(-np.asarray(high), correct) if both else float("nan")
+  res["auroc.self_certainty"] = probes.auroc(np.asarray(sc), correct) if both else float("nan")
+  res["auroc.perplexity"] = probes.auroc(-np.asarray(ppl), correct) if both else float("nan")
+  res["bypass.rate"] = float(np.mean(bypassed))
+  res["bypass.accuracy_change"] = float(np.mean(bypass_right) - np.mean(correct))
+  res["lm_answer_acc"] = float(np.mean(correct))
+  res["cot.mean_tokens"] = float(np.mean([r["cot_end"] - r["cot_start"] for r in rows]))
+  stated = [r for r in rows if r["stated"] is not None]
+  res["cot.stated_rate"] = len(stated) / len(rows) if cfg.cot == "model" else float("nan")
+  res["cot.stated_acc"] = float(np.mean([r["stated"] == r["gold"] for r in stated])) if stated else float("nan")
+  res["positions"], res["vocab_subset"] = int(len(pos)), int(len(vocab))
+  ds = list(range(1, cfg.horizon + 1))
+  registry.plot_curves(os.path.join(out_dir, "horizon.png"),
+                       {f"layer {l}": (ds, [res[f"horizon.top5.layer{l}.d{d}"] for d in ds]) for l in cfg.layers},
+                       title="tele_lens: probe top-5 accuracy by distance ahead", xlabel="delta (tokens ahead)",
+                       ylabel="top-5 accuracy")
+  return res
+
+
+def _full_vocab_check(cfg: Config, p, pc, params, h, test, tok_targets, y_tokens, head_tokens, layer) -> dict:
+  """The token probe (trained on the CoTs' vocabulary subset) read out through the whole LM head, on up to
+  `full_vocab_positions` evenly spaced test positions, beside its subset top-5 on the same positions: how much the
+  subset makes top-5 easier."""
+  at = np.flatnonzero(test)
+  at = at[np.unique(np.linspace(0, len(at) - 1, min(cfg.full_vocab_positions, len(at))).astype(int))]
+  full = probes.topk_accuracy(None, tok_targets[at], 5,
+                              top_ids=probes.predict(p, pc, h[at], probes.lm_head(params), top_k=5))
+  sub = probes.topk_accuracy(probes.predict(p, pc, h[at], head_tokens), y_tokens[at], 5)
+  out = {"full_vocab.layer": layer, "full_vocab.positions": int(len(at))}
+  for d in range(1, cfg.horizon + 1):
+    out[f"full_vocab.top5.d{d}"], out[f"full_vocab.subset_top5.d{d}"] = float(full[d - 1]), float(sub[d - 1])
+  return out
+
+
+def run(cfg: Config, out_dir: str, resume: bool) -> dict:
+  del resume  # features are cached under out_dir; probes retrain in minutes
+  exs = questions(cfg)  # a bad task_file fails here, before the model loads
+  mcfg, params, tok = load_chat_model(cfg.model)
+  return run_with_model(cfg, out_dir, mcfg, params, tok, cfg.model, exs)
