@@ -2,6 +2,7 @@
 # Installs jaxlab and everything it needs into the current Python environment, on a fresh Debian/Ubuntu machine.
 #   bash install.sh            the library, the experiments and the offline models (the main job)
 #   bash install.sh test       the same plus the test tools (the test command)
+#   bash install.sh tpu        the same plus libtpu, to compile for Cloud TPU slices (`experiments plan`) or run on one
 #   bash install.sh --latest   newest releases instead of the pins in .ci/constraints.txt (to see drift early)
 # Debian packages: bubblewrap (the sandbox that model-written code runs in), espeak-ng (speech for the Whisper tests
 # and the audio pipeline), wordnet-base (the Telepathy gym's entities); installed as root or with sudo, otherwise one
@@ -11,9 +12,10 @@ cd "$(dirname "$0")"
 extras=models pins=(-c .ci/constraints.txt)
 for arg in "$@"; do
   case "$arg" in
-    test) extras=test,models ;;
+    test) extras="$extras,test" ;;
+    tpu) extras="$extras,tpu" ;;
     --latest) pins=() ;;
-    *) echo "error: install.sh: unknown argument '$arg'; expected 'test' and/or '--latest'" >&2; exit 2 ;;
+    *) echo "error: install.sh: unknown argument '$arg'; expected 'test', 'tpu' and/or '--latest'" >&2; exit 2 ;;
   esac
 done
 apt_pkgs=(bubblewrap espeak-ng wordnet-base)

@@ -90,6 +90,13 @@ def _parser() -> argparse.ArgumentParser:
   j.add_argument("path", help="a run directory, its results.json, or a reproduce root (its claims.json)")
   j.add_argument("--experiment", default=None, help="the experiment, where no config.json sits next to the results")
   j.add_argument("--preset", default=None, choices=registry.PRESETS, help="the preset, likewise")
+  n = sub.add_parser("plan", help="compile a preset's workloads ahead of time for a TPU slice (or cpu-N): per-chip "
+                                  "bytes, fit, FLOPs, chip-hours")
+  n.add_argument("name")
+  n.add_argument("--preset", default="full", choices=registry.PRESETS)
+  n.add_argument("--topology", required=True, help="a Cloud TPU type (v5e-8, v5p-64, v6e-16, ...), cpu-N or local")
+  n.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+  n.add_argument("--json", default=None, help="write the plan here as JSON")
   return p
 
 
@@ -186,6 +193,27 @@ def _readme(args) -> int:
   return 0
 
 
+def _plan(args) -> int:
+  import re
+  m = re.fullmatch(r"cpu-([1-9]\d*)", args.topology)
+  if m and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count="
+                               f"{m.group(1)}").strip()  # read when JAX starts its CPU backend, below
+  from experiments.runner import plan as plan_lib
+  registry.config_for(args.name, args.preset, args.overrides, required=False)  # a bad --set fails before compiling
+  p = plan_lib.plan(args.name, args.preset, args.topology, args.overrides)
+  print(plan_lib.table(p))
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump(p, f, indent=1)
+  line = plan_lib.not_fitting(p)
+  if line:
+    print(f"error: {line}", file=sys.stderr)
+    return 1
+  return 0
+
+
 def _judge(args) -> int:
   from experiments.runner import judge
   print("\n".join(judge.judge(args.path, args.experiment, args.preset)))
@@ -212,6 +240,8 @@ def main(argv=None) -> int:
       return _readme(args)
     if args.cmd == "judge":
       return _judge(args)
+    if args.cmd == "plan":
+      return _plan(args)
   except USER_ERRORS as e:
     if _debug(args):
       raise

@@ -26,6 +26,7 @@ from experiments._shared import config as shared_cfg
 from experiments._shared.data import load_corpus
 from experiments._shared.records import dedupe, median
 from experiments._shared.recipes import byte_model, compute_dtype, optimizer, train_step as make_step
+from experiments.runner import plan as plan_lib
 from jaxlab import data as data_lib
 from jaxlab import losses, optim
 from jaxlab import sharding as shd
@@ -111,6 +112,36 @@ PRESETS = {
 }
 
 
+def _optimizer(cfg: Config):
+  """(schedule, optimizer) of a run."""
+  schedule = schedules.get(cfg.schedule, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
+  hp = {"b1": cfg.b1, "b2": cfg.b2, "weight_decay": cfg.weight_decay} if cfg.optimizer == "adamw" else {}
+  return schedule, optimizer(schedule, cfg.optimizer, cfg.grad_clip, axes=tfm.AXES, **hp)
+
+
+def _steps(cfg: Config, tx, schedule, state, mesh):
+  """The jitted train step (sharded like `state`, real or abstract) and eval step a run calls."""
+  loss_fn = losses.lm_loss_fn(cfg.model)
+  compute = compute_dtype(cfg.model)
+  train_step = make_step(loss_fn, tx, state, mesh, cfg.strategy, axes=tfm.AXES, microbatches=cfg.microbatches,
+                         compute=compute, schedule=schedule)
+  return train_step, step_lib.make_eval_step(loss_fn, compute)
+
+
+def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
+  """The train and eval steps a run calls, with abstract arguments at the preset's shapes (`experiments plan`)."""
+  schedule, tx = _optimizer(cfg)
+  state = state_lib.abstract_state(functools.partial(tfm.init, cfg.model), tx, mesh, cfg.strategy, axes=tfm.AXES)
+  train_step, eval_step = _steps(cfg, tx, schedule, state, mesh)
+  batch = plan_lib.batch(mesh, {k: ((cfg.batch_size, cfg.seq_len), "int32") for k in data_lib.KEYS})
+  train_flops = tfm.flops_per_token(cfg.model, cfg.seq_len) * cfg.batch_size * cfg.seq_len
+  evals = (cfg.steps // cfg.eval.every if cfg.eval.every else 0) + (1 if cfg.eval.every == 0 or cfg.steps %
+                                                                      cfg.eval.every else 0)
+  return [plan_lib.Workload("train_step", "train", train_step, (state, batch), cfg.steps, train_flops),
+          plan_lib.Workload("eval_step", "forward", eval_step, (state.params, batch), evals * cfg.eval.batches,
+                            train_flops / 3)]
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   tok = data_lib.load_tokenizer(cfg.corpus.tokenizer)
   if cfg.model.vocab_size < tok.vocab_size:
@@ -129,9 +160,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                                num_epochs=None)  # repeats: every process evaluates eval.batches batches
   val_start = val_it.get_state()
 
-  schedule = schedules.get(cfg.schedule, cfg.lr, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
-  hp = {"b1": cfg.b1, "b2": cfg.b2, "weight_decay": cfg.weight_decay} if cfg.optimizer == "adamw" else {}
-  tx = optimizer(schedule, cfg.optimizer, cfg.grad_clip, axes=tfm.AXES, **hp)
+  schedule, tx = _optimizer(cfg)
   init_params = functools.partial(tfm.init, cfg.model)
   ckpt = Checkpointer(os.path.join(out_dir, "checkpoints"), keep=cfg.checkpoint.keep)
   state = None
@@ -148,11 +177,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   if state is None:
     state = state_lib.init_state(init_params, tx, cfg.seed, mesh, cfg.strategy, axes=tfm.AXES)
 
-  loss_fn = losses.lm_loss_fn(cfg.model)
-  compute = compute_dtype(cfg.model)
-  train_step = make_step(loss_fn, tx, state, mesh, cfg.strategy, axes=tfm.AXES, microbatches=cfg.microbatches,
-                         compute=compute, schedule=schedule)
-  eval_step = step_lib.make_eval_step(loss_fn, compute)
+  train_step, eval_step = _steps(cfg, tx, schedule, state, mesh)
   shard = functools.partial(shd.shard_batch, mesh=mesh)
 
   def eval_fn(params):
@@ -196,6 +221,6 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 registry.register(registry.Experiment(
     name="lm_pretrain", config_cls=Config, presets=PRESETS, run=run,
     description="pretrain a LLaMA-style decoder LM on the stdlib corpus (byte tokens)",
-    resume_may_change=("mesh", "strategy", "log_every", "steps"),
+    resume_may_change=("mesh", "strategy", "log_every", "steps"), plan=workloads,
     results=("initial_train_loss", "final_train_loss", "final_val_loss", "tokens_per_s", "mfu", "steps", "params",
              "flops_per_token", "peak_flops", "devices", "processes", "mesh")))

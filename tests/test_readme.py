@@ -35,4 +35,4 @@ def test_readme_commands_are_what_ci_runs():
 def test_install_rejects_an_unknown_argument_in_one_line():
   p = subprocess.run(["bash", os.path.join(REPO, "install.sh"), "--bogus"], capture_output=True, text=True)
   assert p.returncode == 2 and p.stdout == ""
-  assert p.stderr == "error: install.sh: unknown argument '--bogus'; expected 'test' and/or '--latest'\n"
+  assert p.stderr == "error: install.sh: unknown argument '--bogus'; expected 'test', 'tpu' and/or '--latest'\n"

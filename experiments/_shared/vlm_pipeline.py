@@ -337,3 +337,21 @@ def attribute_accuracy(params, cfg: vlm.Config, batch: dict, vocab: Sequence[str
   per = {c: float(hit[np.isin(words, list(ws)) & scored].mean()) for c, ws in CATEGORIES.items()
          if (np.isin(words, list(ws)) & scored).any()}
   return float(hit[np.isin(words, list(ATTRIBUTE_WORDS)) & scored].mean()), per
+
+
+def training_captions(train: TrainConfig, sc_cfg: scenes_lib.SceneConfig) -> list[str]:
+  """Captions of the scenes `train_vlm` trains the ViT and the connector on (its draw, seed `train.seed + 2`)."""
+  return scenes_lib.generate(train.n_train_scenes, sc_cfg, seed=train.seed + 2).captions
+
+
+def disjoint_scenes(n: int, sc_cfg: scenes_lib.SceneConfig, seed: int, exclude) -> scenes_lib.Scenes:
+  """The first `n` scenes of `scenes_lib.generate(m, sc_cfg, seed)` (m = n, doubled while too few remain) whose
+  caption is not in `exclude`: `generate(n, sc_cfg, seed)` itself when none of its captions is excluded."""
+  exclude, m = set(exclude), n
+  while True:
+    sc = scenes_lib.generate(m, sc_cfg, seed=seed)
+    keep = [i for i, c in enumerate(sc.captions) if c not in exclude][:n]
+    if len(keep) == n:
+      return sc if keep == list(range(m)) else scenes_lib.Scenes(
+          *(a[keep] for a in sc[:5]), [sc.objects[i] for i in keep], [sc.captions[i] for i in keep])
+    m *= 2

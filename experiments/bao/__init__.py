@@ -1,5 +1,5 @@
 """BAO ("Pushing Forward Pareto Frontiers of Proactive Agents with Behavioral Agentic Optimization", arXiv
-2602.11351) on UserRL-style gyms (`jaxlab.envs`: function, telepathy, turtle; max turns 15 / 15 / 12).
+2602.11351) on UserRL-style gyms (`jaxlab.envs`: function, telepathy, turtle; max turns 15 / 12 / 15, the paper's).
 
 The objective is E[R(tau) - w U(tau)], U the user-involving turns (the gyms' info["user"]: probes of the hidden
 function, questions to the user). Four policies are compared:
@@ -14,7 +14,9 @@ function, questions to the user). Four policies are compared:
                feedback (a turn gets feedback when its reward is positive), and the over-thinking penalty
                (T - T') / T' on the last turn when the trajectory's T reply tokens exceed its budget T'.
 GRPO trains one policy on all gyms together (prompts_per_gym episodes x group per gym per iteration); the loss
-rows are turns (`train` docstring). Evaluation: greedy play of eval_episodes held-out seeds per gym.
+rows are turns (`train` docstring). Evaluation: greedy play of eval_episodes held-out seeds per gym, on held-out
+items: each gym's pool (rules, entities, puzzles) is split once, seeded, into training items (pretraining, SFT and
+GRPO episodes) and test_share of them (at least one) for evaluation, as UserRL splits its gyms' data.
 Metrics per gym: score = mean episode score (sum of turn rewards: 1 for a solved function / telepathy episode,
 the best answer's weighted criteria for turtle); pass_u1 = the share of episodes solved (the gym's "correct")
 with at most one user-involving turn (Pass@U-1: success within a user budget of one); user_rate = user-involving
@@ -27,17 +29,18 @@ the scripted users and 20 of the builtin telepathy entities (`entity_pool`). Smo
 multi-turn episodes (up to 15 sampled turns each, a loss row per turn) with a 135M model is too slow on 2 CPU
 cores. The agent's calculator turns "[answer] calc EXPR" into its value for every method (a, b, c, d bound to
 the test case the agent searched), so the small model answers by naming the rule it identified. Train and eval
-episodes come from the same rule, entity and puzzle pools (different seeds); the four turtle puzzles can be
-answered from memory at this scale. full preset: a chat policy by path (HF directory or GGUF, e.g. Qwen3-1.7B /
-4B; the tool format in its system prompt, no pretraining), all of WordNet's entities, and an LM user simulator by
-path for telepathy and turtle (the gyms' own prompts).
+episodes come from disjoint rules, entities and puzzles (7 / 3 rules, 15 / 5 entities, 3 / 1 puzzles at cpu);
+the word-level model has never seen a held-out rule's, entity's or story's words. full preset: a chat policy by
+path (HF directory or GGUF, e.g. Qwen3-1.7B / 4B; the tool format in its system prompt, no pretraining), all of
+WordNet's entities, and an LM user simulator by path for telepathy and turtle (the gyms' own prompts).
 
-cpu run (1173 s wall on 2 shared cores at load 8-10): SFT with the reasoning text solves telepathy more often
-than the plain cold start (0.29 against 0.04) but function less (0.33 against 0.79: the small model garbles the
-longer replies). UserRL-GRPO lifts function to 0.96 (user rate 0.46); BAO's first update lowers its sampled score
-(0.50 -> 0.29), recovering to 0.35 by the sixth iteration, and ends at function 0.08 (user rate 0.11), telepathy
-0.25 (0.56) against UserRL's 0.13 (0.62), turtle 0.85 (0.35) against 1.00 (0.71): the telepathy claim holds, the
-function claim does not. The two methods also start from different warm starts, as the paper's do.
+cpu run (1173 s wall on 2 shared cores at load 8-10; before the held-out split and the turn-limit fix): SFT with
+the reasoning text solves telepathy more often than the plain cold start (0.29 against 0.04) but function less
+(0.33 against 0.79: the small model garbles the longer replies). UserRL-GRPO lifts function to 0.96 (user rate
+0.46); BAO's first update lowers its sampled score (0.50 -> 0.29), recovering to 0.35 by the sixth iteration, and
+ends at function 0.08 (user rate 0.11), telepathy 0.25 (0.56) against UserRL's 0.13 (0.62), turtle 0.85 (0.35)
+against 1.00 (0.71): the telepathy claim holds, the function claim does not. The two methods also start from
+different warm starts, as the paper's do.
 
   python -m experiments run bao --preset cpu
   python -m experiments run bao --preset full --set policy=/path/to/Qwen3-1.7B --set user=/path/to/user_model
@@ -66,14 +69,16 @@ class Config:
   """bao settings. policy: "word" (a small model trained here) or a chat model path; user: "scripted" or an LM
   path (telepathy and turtle); entities: telepathy's pool ("builtin", "wordnet": Debian's wordnet-base, required;
   "auto": WordNet where it is installed, else builtin, silently, so results differ between machines; no preset
-  uses it); entity_pool: how many of them, spread evenly over the pool (0: all)."""
+  uses it); entity_pool: how many of them, spread evenly over the pool (0: all); max_turns: per gym in GYMS order
+  (function, telepathy, turtle); test_share: the share of each gym's items held out for evaluation."""
   policy: str = "word"
   user: str = "scripted"
   entities: Literal["builtin", "wordnet", "auto"] = "builtin"
   entity_pool: int = 20
   gyms: tuple[Gym, ...] = GYMS
   methods: tuple[Method, ...] = METHODS
-  max_turns: tuple[int, ...] = (15, 15, 12)
+  max_turns: tuple[int, ...] = (15, 12, 15)
+  test_share: float = 0.25
   d_model: int = 64
   layers: int = 2
   heads: int = 4
@@ -128,6 +133,8 @@ class Config:
     for name in ("user_weight", "info_penalty", "think_weight"):
       if getattr(self, name) < 0:
         bad(name, ">= 0", getattr(self, name))
+    if not 0.0 < self.test_share < 1.0:
+      bad("test_share", "in (0, 1)", self.test_share)
     if not 0.0 <= self.gamma <= 1.0:
       bad("gamma", "in [0, 1]", self.gamma)
     if self.temperature <= 0 or self.lr <= 0 or self.rl_lr <= 0:

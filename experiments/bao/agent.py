@@ -16,6 +16,7 @@ so a small model answers by writing the rule it identified, not by multiplying.
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 import math
 import operator
@@ -82,13 +83,15 @@ def resolve(text: str, history: Sequence[dict] = ()) -> str:
 
 # --------------------------------------------------------------------------------------------------- gyms
 
-def make_env(gym: str, max_turns: int, entities="builtin", generate=None):
+def make_env(gym: str, max_turns: int, entities="builtin", generate=None, rules=fn_gym.RULES,
+             puzzles=tt_gym.PUZZLES):
+  """A gym drawing its episodes from `rules` (function), `entities` (telepathy) or `puzzles` (turtle)."""
   if gym == "function":
-    return fn_gym.FunctionGym(max_turns=max_turns)
+    return fn_gym.FunctionGym(max_turns=max_turns, rules=rules)
   if gym == "telepathy":
     return tp_gym.TelepathyGym(entities, max_turns=max_turns, generate=generate)
   if gym == "turtle":
-    return tt_gym.TurtleGym(max_turns=max_turns, generate=generate)
+    return tt_gym.TurtleGym(puzzles, max_turns=max_turns, generate=generate)
   raise ValueError(f"gym must be one of {GYMS}, found {gym!r}")
 
 
@@ -101,14 +104,17 @@ def _second_probes() -> dict:
   groups: dict = {}
   for r in fn_gym.RULES:
     groups.setdefault(_key(fn_gym.evaluate(r, FIRST_PROBE)), []).append(r)
-  out = {}
-  for rules in (tuple(g) for g in groups.values() if len(g) > 1):
-    for p in itertools.product(range(1, 6), repeat=4):
-      vals = [fn_gym.evaluate(r, p) for r in rules]
-      if all(math.isfinite(v) for v in vals) and len({_key(v) for v in vals}) == len(rules):
-        out[rules] = p
-        break
-  return out
+  return {rules: second_probe(rules) for rules in (tuple(g) for g in groups.values() if len(g) > 1)}
+
+
+@functools.lru_cache(maxsize=None)
+def second_probe(rules: tuple[str, ...]) -> tuple[int, ...]:
+  """The first point (digits 1..5) where `rules` all have distinct finite values."""
+  for p in itertools.product(range(1, 6), repeat=4):
+    vals = [fn_gym.evaluate(r, p) for r in rules]
+    if all(math.isfinite(v) for v in vals) and len({_key(v) for v in vals}) == len(rules):
+      return p
+  raise ValueError(f"no point of digits 1..5 separates {rules}")
 
 
 SECOND_PROBES = _second_probes()
@@ -133,9 +139,10 @@ def _digits(nums) -> str:
 # ------------------------------------------------------------------------------------------------ experts
 
 def expert_function(env, enhanced: bool) -> list[str]:
-  """The expert's texts for the episode `env` was reset to (it reads the hidden rule only through probes)."""
+  """The expert's texts for the episode `env` was reset to (it reads the hidden rule only through probes among the
+  gym's rules)."""
   texts = [_say(enhanced, "nothing yet", "get the test case", "[search] test")]
-  cands = list(fn_gym.RULES)
+  cands = list(env.rules)
   facts = ["test case found"]
   probe = FIRST_PROBE
   while True:
@@ -146,7 +153,7 @@ def expert_function(env, enhanced: bool) -> list[str]:
     facts.append(f"value {value} fits {names}")
     if len(cands) == 1:
       break
-    probe = SECOND_PROBES[tuple(cands)]
+    probe = second_probe(tuple(cands))
   idx = fn_gym.RULES.index(cands[0])
   texts.append(_say(enhanced, " , ".join(facts), f"answer with r{idx}", f"[answer] calc {rule_text(cands[0])}"))
   return texts
@@ -204,7 +211,7 @@ def random_call(gym: str, env, rng: np.random.Generator) -> str:
       return "[search] test"
     if u < 0.75:
       return f"[action] {nums}"
-    return f"[answer] calc {rule_text(fn_gym.RULES[rng.integers(len(fn_gym.RULES))])}"
+    return f"[answer] calc {rule_text(env.rules[rng.integers(len(env.rules))])}"
   if gym == "telepathy":
     traits = sorted(set().union(*(e.traits for e in env.entities)))
     if u < 0.6:

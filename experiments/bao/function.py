@@ -4,11 +4,12 @@ The rules are the UserRL FunctionGym kind (`a * (b + c) / d`, `(a + b) ** c - d`
 returns the rule's value there (refused at the test case itself), `[search] test` returns the test case,
 `[answer] v` scores 1 and ends the episode when `v` equals the rule's value at the test case (to `tol`,
 relative), and scores 0 otherwise (the episode goes on); `[finish]` ends it. Every probe is a user-involving
-turn (`info["user"]`). The rule and the test case follow from the seed.
+turn (`info["user"]`). The rule (drawn from the gym's `rules`) and the test case follow from the seed.
 """
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
@@ -30,18 +31,22 @@ def evaluate(rule: str, nums) -> float:
 
 
 class FunctionGym:
-  """One episode at a time; `reset(seed)` draws the rule (or uses `rule`) and a test case with a finite value."""
+  """One episode at a time; `reset(seed)` draws the rule from `rules` (or uses `rule`) and a test case with a finite
+  value."""
   name = "function"
 
-  def __init__(self, max_turns: int = 15, rule: str | None = None, tol: float = 1e-4):
+  def __init__(self, max_turns: int = 15, rule: str | None = None, tol: float = 1e-4, rules: Sequence[str] = RULES):
+    self.rules = tuple(rules)
+    if not self.rules or any(r not in RULES for r in self.rules):
+      raise ValueError(f"rules must be a non-empty subset of {RULES}, found {rules!r}")
     if rule is not None and rule not in RULES:
       raise ValueError(f"rule must be one of {RULES}, found {rule!r}")
     self.max_turns, self.fixed_rule, self.tol = max_turns, rule, tol
-    self.rule, self.test = RULES[0], (1, 1, 1, 1)
+    self.rule, self.test = self.rules[0], (1, 1, 1, 1)
 
   def reset(self, seed: int) -> str:
     rng = np.random.default_rng(seed)
-    self.rule = self.fixed_rule or RULES[int(rng.integers(len(RULES)))]
+    self.rule = self.fixed_rule or self.rules[int(rng.integers(len(self.rules)))]
     while True:
       self.test = tuple(int(x) for x in rng.integers(1, 10, size=4))
       if math.isfinite(evaluate(self.rule, self.test)):

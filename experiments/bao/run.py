@@ -2,6 +2,7 @@
 UserRL and BAO, and evaluation."""
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -12,6 +13,9 @@ from experiments import registry
 from experiments._shared import recipes
 from experiments._shared.chat_models import answer, load_chat_model
 from experiments.bao import agent, train
+from experiments.bao import function as fn_gym
+from experiments.bao import turtle as tt_gym
+from experiments.runner import splits
 from jaxlab import losses
 from experiments.bao import telepathy as tp_gym
 from jaxlab.models import transformer as tfm
@@ -50,20 +54,50 @@ def entity_pool(cfg) -> tuple:
   return tuple(pool[i * len(pool) // n] for i in range(n))
 
 
-def env_makers(cfg) -> dict:
-  gen = None if cfg.user == "scripted" else user_generate(cfg.user)
-  turns_of = dict(zip(agent.GYMS, cfg.max_turns))
-  pool = entity_pool(cfg)
-  return {g: (lambda g=g: agent.make_env(g, turns_of[g], pool, gen)) for g in cfg.gyms}
+def held_out(items: tuple, share: float, seed) -> tuple[tuple, tuple]:
+  """(train, test): a seeded permutation of `items` cut so that test holds ceil(share * n) of them (at least one,
+  leaving at least one for training), each side in the pool's order."""
+  if len(items) < 2:
+    raise ValueError(f"bao: a gym's pool needs >= 2 items to hold some out, found {len(items)}")
+  n_test = min(len(items) - 1, max(1, math.ceil(share * len(items))))
+  test = set(np.random.default_rng(seed).permutation(len(items))[:n_test].tolist())
+  return (tuple(x for i, x in enumerate(items) if i not in test), tuple(x for i, x in enumerate(items) if i in test))
 
 
-def corpora(cfg, makes) -> dict:
-  """Episodes per kind: "random" (format pretraining, at most `pretrain_turns` turns), "plain" and "enhanced"
-  (expert SFT), seeds 0.. per gym."""
+def pools(cfg) -> dict:
+  """{"train" | "test": {gym: items}}: each gym's rules, entities or puzzles split by `held_out`."""
+  full = {"function": fn_gym.RULES, "telepathy": entity_pool(cfg), "turtle": tt_gym.PUZZLES}
+  cut = {g: held_out(tuple(full[g]), cfg.test_share, [cfg.seed, 21, i]) for i, g in enumerate(agent.GYMS)}
+  return {split: {g: cut[g][j] for g in cfg.gyms} for j, split in enumerate(("train", "test"))}
+
+
+KINDS = {"function": "rules", "telepathy": "entities", "turtle": "puzzles"}
+
+
+def split_items(pooled: dict) -> dict:
+  """`pools` as splits.record wants them: {split: {kind: canonical texts}} (an entity by its name, a puzzle by its
+  title and surface)."""
+  text = {"function": lambda r: r, "telepathy": lambda e: e.name, "turtle": lambda p: f"{p.title}: {p.surface}"}
+  return {split: {KINDS[g]: [text[g](x) for x in items] for g, items in gyms.items()} for split, gyms in pooled.items()}
+
+
+def env_makers(cfg, pool: dict, max_turns: int | None = None, scripted: bool = False) -> dict:
+  """One maker per gym of `cfg.gyms` drawing from `pool` ({gym: items}, one split of `pools`), with the gym's turn
+  limit (or `max_turns`) and `cfg.user` (or the scripted users)."""
+  gen = None if cfg.user == "scripted" or scripted else user_generate(cfg.user)
+  turns_of = {g: max_turns or t for g, t in zip(agent.GYMS, cfg.max_turns)}
+  kw = {"function": lambda g: {"rules": pool[g]}, "telepathy": lambda g: {"entities": pool[g], "generate": gen},
+        "turtle": lambda g: {"puzzles": pool[g], "generate": gen}}
+  return {g: (lambda g=g: agent.make_env(g, turns_of[g], **kw[g](g))) for g in cfg.gyms}
+
+
+def corpora(cfg, makes, pool: dict) -> dict:
+  """Episodes per kind: "random" (format pretraining, at most `pretrain_turns` turns, scripted users), "plain" and
+  "enhanced" (expert SFT), seeds 0.. per gym, all from `pool` (the training split)."""
   out = {"random": [], "plain": [], "enhanced": []}
+  shorts = env_makers(cfg, pool, cfg.pretrain_turns, scripted=True)
   for g, make in makes.items():
-    short = lambda g=g, make=make: agent.make_env(g, cfg.pretrain_turns, make().entities if g == "telepathy" else None)
-    out["random"] += [agent.random_episode(short, g, s) for s in range(cfg.pretrain_episodes)]
+    out["random"] += [agent.random_episode(shorts[g], g, s) for s in range(cfg.pretrain_episodes)]
     for kind in ("plain", "enhanced"):
       out[kind] += [agent.expert_episode(make, g, s, kind == "enhanced") for s in range(cfg.sft_episodes)]
   return out
@@ -138,8 +172,10 @@ def grpo(cfg, step, tx, params, policy, makes, reg: bao_lib.Regularizers, writer
 
 def run(cfg, out_dir: str, resume: bool) -> dict:
   del resume  # each run is short; a rerun starts over
-  makes = env_makers(cfg)
-  data = corpora(cfg, makes)
+  pooled = pools(cfg)
+  splits.record(out_dir, "bao", split_items(pooled))
+  makes, tests = env_makers(cfg, pooled["train"]), env_makers(cfg, pooled["test"])
+  data = corpora(cfg, makes, pooled["train"])
   model, params, codec = policy_model(cfg, data)
   writer = metrics_lib.MetricsWriter(os.path.join(out_dir, "metrics.jsonl"))
   policy = train.Policy(model, codec, cfg.max_new_tokens, cfg.max_len - cfg.max_new_tokens,
@@ -161,19 +197,19 @@ def run(cfg, out_dir: str, resume: bool) -> dict:
   rstep = rl_loop.jit_grpo_step(rl_loop.make_grpo_step(model, gcfg, rtx))
   res: dict = {}
   if "prompt_only" in need:
-    res.update(evaluate(cfg, policy, base, makes, writer, "prompt_only"))
+    res.update(evaluate(cfg, policy, base, tests, writer, "prompt_only"))
   if "sft" in need:
-    res.update(evaluate(cfg, policy, enhanced, makes, writer, "sft"))
+    res.update(evaluate(cfg, policy, enhanced, tests, writer, "sft"))
   curves = {}
   if plain is not None:
-    evaluate(cfg, policy, plain, makes, writer, "sft_plain")
+    evaluate(cfg, policy, plain, tests, writer, "sft_plain")
     p, curves["grpo_userrl"] = grpo(cfg, rstep, rtx, plain, policy, makes, bao_lib.Regularizers(), writer,
                                     "grpo_userrl")
-    res.update(evaluate(cfg, policy, p, makes, writer, "grpo_userrl"))
+    res.update(evaluate(cfg, policy, p, tests, writer, "grpo_userrl"))
   if "bao" in need:
     reg = bao_lib.Regularizers(cfg.user_weight, cfg.info_penalty, cfg.think_budget, cfg.think_weight)
     p, curves["bao"] = grpo(cfg, rstep, rtx, enhanced, policy, makes, reg, writer, "bao")
-    res.update(evaluate(cfg, policy, p, makes, writer, "bao"))
+    res.update(evaluate(cfg, policy, p, tests, writer, "bao"))
   writer.close()
   for key, label in (("score", "training score"), ("user_rate", "user-involvement rate")):
     registry.plot_curves(os.path.join(out_dir, f"rl_{key}.png"),

@@ -21,9 +21,10 @@ spoken.
 
 Perturbations (text_audio, on the first `n_perturb` items of each AST category), each seeded per clip and
 recorded in clips.jsonl: `<white|pink|babble>_<snr>db` (noise mixed at that SNR), `rate_<percent>` (speaking
-rate), `disfluency` (fillers, repetitions, corrected false starts; argument values kept intact) and `homophones`
-(words spelled as another word that sounds the same, e.g. "two" -> "too"). WER is always against the request
-text the benchmark ships (lowercased, punctuation removed), so inserted disfluencies count as insertions.
+rate), `accent_<voice>` (another espeak-ng English voice: en-gb, en-gb-scotland, en-029), `disfluency`
+(fillers, repetitions, corrected false starts; argument values kept intact) and `homophones` (words spelled as
+another word that sounds the same, e.g. "two" -> "too"). WER is always against the request text the benchmark
+ships (lowercased, punctuation removed), so inserted disfluencies count as insertions.
 
 Every failed item gets one failure kind: format_error (no call list decodes), wrong_function, wrong_call_count,
 missing_argument, extra_argument, asr_value_error (an expected value that the request text contains but the
@@ -36,14 +37,15 @@ first and last tenth of logged steps); wer.clean,
 wer.<perturbation>, ast_accuracy.text_audio.clean (the perturbed items, clean),
 ast_accuracy.text_audio.<perturbation>, ast_accuracy.text_audio.snr_<s>db and wer.snr_<s>db (mean over noise
 kinds), drop.<factor> (clean minus the mean over the factor's perturbations; factors: noise kinds, rate,
-disfluency, homophones), worst_factor (its name) and worst_factor.drop, failures.<suite>.<kind> counts;
+accent, disfluency, homophones), worst_factor (its name) and worst_factor.drop, failures.<suite>.<kind> counts;
 multi-turn: multi_turn_accuracy.<suite>.<category>, multi_turn_accuracy.<suite>.overall (entries pooled),
 multi_turn_failures.<suite>.<error> counts (`multi_turn.ERRORS`: force_terminated, empty_turn_model_response,
 instance_state_mismatch, execution_response_mismatch) and wer.multi_turn (text_audio's spoken turns); one record per
 entry and suite in multi_turn.jsonl (every step's output, decoded calls and results; text_audio's clips).
 
-cpu preset (8 entries per category, 2 per AST category under each of 12 perturbations, 132 BFCL generations of
-64 tokens, a connector aligned for 40 steps of 4 on 128 clips): 1432 s of user CPU time, 51 min wall on two
+cpu preset, timed before its three accent perturbations were added (8 entries per category, 2 per AST category
+under each of 12 perturbations, 132 BFCL generations of 64 tokens, a connector aligned for 40 steps of 4 on 128
+clips): 1432 s of user CPU time, 51 min wall on two
 cores shared at load 5-9. SmolLM2-135M-Instruct answers BFCL's prompt in prose, so every AST entry is a
 format_error in every suite and irrelevance is 1.0 by never calling; what this scale measures is the speech
 side (WER 0.24 clean, 0.27 / 0.44 / 0.78 / 2.40 at 20 / 10 / 5 / 0 dB) and the connector (alignment loss 4.2
@@ -69,7 +71,7 @@ from typing import Literal
 
 from experiments import registry
 from experiments.bfcl_audio import multi_turn
-from experiments.bfcl_audio.speech import clip_seed, make_clip, parse_perturbation  # noqa: F401  (this API)
+from experiments.bfcl_audio.speech import ACCENTS, clip_seed, make_clip, parse_perturbation  # noqa: F401  (this API)
 from experiments.runner.claims import Claim
 from jaxlab import choices
 from experiments.bfcl_audio import perturb
@@ -98,7 +100,7 @@ class Config:
   n_perturb: int = 2
   perturbations: tuple[str, ...] = ("white_20db", "white_10db", "white_5db", "white_0db", "babble_20db",
                                     "babble_10db", "babble_5db", "babble_0db", "rate_70", "rate_150",
-                                    "disfluency", "homophones")
+                                    "disfluency", "homophones") + tuple(f"accent_{v}" for v in ACCENTS)
   voice: str = "en-us"
   max_new_tokens: int = 64
   batch_size: int = 8
@@ -149,7 +151,7 @@ PRESETS = {
                    align_lr=1e-3, align_max_tokens=96, multi_turn_categories=multi_turn.CATEGORIES,
                    n_multi_turn=100000, multi_turn_max_steps=20,
                    perturbations=tuple(f"{k}_{s}db" for k in perturb.NOISE_KINDS for s in (20, 10, 5, 0))
-                   + ("rate_70", "rate_150", "disfluency", "homophones")),
+                   + ("rate_70", "rate_150", "disfluency", "homophones") + tuple(f"accent_{v}" for v in ACCENTS)),
 }
 
 

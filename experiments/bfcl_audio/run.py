@@ -11,6 +11,7 @@ import numpy as np
 
 from experiments.bfcl_audio import multi_turn
 from experiments.bfcl_audio.speech import make_clip, parse_perturbation
+from experiments.runner import splits
 from jaxlab import errors
 from experiments.bfcl_audio import bfcl
 from experiments.bfcl_audio.bfcl import system_prompt
@@ -387,6 +388,26 @@ def run_with(cfg: Config, out_dir: str, generate, transcribe=None, speech_llm=No
   return res
 
 
+def evaluated_turns(cfg: Config) -> list[str]:
+  """The user turns the multi-turn suite speaks or reads (none when it is off)."""
+  if not cfg.multi_turn_categories or not {"text", "text_audio"} & set(cfg.suites):
+    return []
+  entries = multi_turn.load_multi_turn(cfg.multi_turn_categories, cfg.n_multi_turn)
+  return [t for e in entries for t in e["texts"] if t is not None]
+
+
+def split_items(items: list[dict], turns: list[str], align: list[dict]) -> dict:
+  """The run's splits: the connector's alignment requests (train, when it trains), the evaluated single-turn
+  requests and their functions (test) and the multi-turn suite's user turns (test_multi_turn)."""
+  out = {"test": {"questions": [it["text"] for it in items],
+                  "functions": [f for it in items for f in it["functions"]]}}
+  if turns:
+    out["test_multi_turn"] = {"questions": turns}
+  if align:
+    out["train"] = {"questions": [it["text"] for it in align]}
+  return out
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   """Every suite reruns; the clips are synthesized again from their recorded seeds. With `resume` the
   true_audio connector saved under out_dir/artifacts is reused when it was trained with the same settings."""
@@ -397,10 +418,14 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     true_audio.audio_token_id(loaded[2], cfg.audio_token)  # a bad placeholder fails before any audio is made
   asr_model = load_asr(cfg.asr_model) if {"text_audio", "true_audio"} & set(cfg.suites) else None
   generate = chat_generator(cfg.model, cfg.max_new_tokens, cfg.batch_size, loaded=loaded)
+  items, turns = load_items(cfg.categories, cfg.n_per_category), evaluated_turns(cfg)
+  evaluated, heard = {it["id"] for it in items}, [it["text"] for it in items] + turns
+  trains = "true_audio" in cfg.suites and cfg.align_steps > 0
+  align = true_audio.align_items(cfg, evaluated, heard) if trains else []
+  splits.record(out_dir, "bfcl_audio", split_items(items, turns, align))
   speech_llm = None
   if "true_audio" in cfg.suites:
-    evaluated = {it["id"] for it in load_items(cfg.categories, cfg.n_per_category)}
-    speech_llm = true_audio.build(cfg, loaded, asr_model, generate, out_dir, evaluated, resume)
+    speech_llm = true_audio.build(cfg, loaded, asr_model, generate, out_dir, evaluated, resume, heard)
   generate_chat = None
   if cfg.multi_turn_categories:  # batches no wider than the entries played in lockstep (prompts are 4-8k tokens)
     rows = min(cfg.batch_size, cfg.n_multi_turn * len(cfg.multi_turn_categories))

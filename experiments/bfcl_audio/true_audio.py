@@ -11,12 +11,12 @@ the placeholder token `audio_token` in the user turn.
 Training is LLaVA's stage-1 feature alignment with transcripts for captions: the chat
   system: ALIGN_SYSTEM; user: <audio_tokens placeholders>; assistant: the request text
 and a teacher-forced next-token loss on the assistant's tokens (`jaxlab.losses.multimodal_loss_fn`, LM frozen),
-on espeak speech of BFCL requests that are not evaluated (held out by id; round-robin over the wheel's
-ALIGN_SOURCES, so the full preset, which evaluates every Python entry, aligns on the Java, JavaScript and
-multi-turn requests). The prompts are short (~30 + audio_tokens + align_max_tokens tokens), so a
-step through the frozen 30-layer SmolLM2 is affordable on two cores, where BFCL's 500-1500-token prompts are not;
-the frozen encoder's features are computed once per clip. Distilling the LLM's own answers at BFCL's prompt
-(stage 2) is not done here.
+on espeak speech of BFCL requests that are not evaluated (held out by id and by text, the multi-turn suite's
+turns included; round-robin over the wheel's ALIGN_SOURCES, so the full preset, which evaluates every Python and
+multi-turn entry, aligns on the Java and JavaScript requests). The prompts are short (~30 + audio_tokens +
+align_max_tokens tokens), so a step through the frozen 30-layer SmolLM2 is affordable on two cores, where
+BFCL's 500-1500-token prompts are not; the frozen encoder's features are computed once per clip. Distilling the
+LLM's own answers at BFCL's prompt (stage 2) is not done here.
 
 Evaluation: BFCL's prompt with the request text replaced by the placeholders; the prompt's embeddings (features
 spliced) are prefilled by `generate.sample(inputs_embeds_BTD=)` and decoded greedily. `wer.true_audio` is the
@@ -27,6 +27,7 @@ Axes: B batch, T positions, N audio tokens, E encoder width, D LM width.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -188,16 +189,19 @@ class SpeechLLM:
     return self.generate(reqs, self.embed, max_new_tokens)
 
 
-def align_items(cfg, exclude_ids) -> list[dict]:
+def align_items(cfg, exclude_ids, exclude_texts=()) -> list[dict]:
   """Up to `cfg.align_clips` BFCL requests (id, text: the first turn's last user message) whose ids are not in
-  `exclude_ids` (the evaluated ones), round-robin over the wheel's ALIGN_SOURCES so every kind is heard."""
+  `exclude_ids` and whose texts (whitespace collapsed) are not in `exclude_texts` (the evaluated ones, of any
+  category or turn), round-robin over the wheel's ALIGN_SOURCES so every kind is heard."""
   from experiments.bfcl_audio import bfcl
+  from experiments.runner import splits
+  held = {splits.canonical(t) for t in exclude_texts}
   pools = []
   for name in ALIGN_SOURCES:
     pool = []
     for q in bfcl.load(name)[0]:
       users = [m for m in q["question"][0] if m["role"] == "user"]
-      if users and q["id"] not in exclude_ids:
+      if users and q["id"] not in exclude_ids and splits.canonical(users[-1]["content"]) not in held:
         pool.append({"id": q["id"], "text": users[-1]["content"], "ground_truth": None})
     pools.append(pool)
   out, i = [], 0
@@ -210,8 +214,10 @@ def align_items(cfg, exclude_ids) -> list[dict]:
   return out[:cfg.align_clips]
 
 
-def build(cfg, loaded, asr_model, generate, out_dir: str, exclude_ids, resume: bool = False) -> SpeechLLM:
-  """Trains (or, with `resume`, reloads) the connector and returns the speech LLM."""
+def build(cfg, loaded, asr_model, generate, out_dir: str, exclude_ids, resume: bool = False,
+          exclude_texts=()) -> SpeechLLM:
+  """Trains (or, with `resume`, reloads) the connector on `align_items(cfg, exclude_ids, exclude_texts)` and
+  returns the speech LLM."""
   lm_cfg, lm_params, tok = loaded
   pid = audio_token_id(tok, cfg.audio_token)
   mcfg = model_config(lm_cfg, asr_model.cfg, cfg, pid)
@@ -219,13 +225,14 @@ def build(cfg, loaded, asr_model, generate, out_dir: str, exclude_ids, resume: b
   meta = {k: getattr(cfg, k) for k in ("model", "asr_model", "voice", "audio_token", "audio_tokens", "audio_pool",
                                         "align_clips", "align_steps", "align_batch", "align_lr",
                                         "align_max_tokens", "n_per_category", "seed")}
+  meta["held_out"] = hashlib.sha256(json.dumps(sorted(set(exclude_ids) | set(exclude_texts))).encode()).hexdigest()
   art = os.path.join(out_dir, "artifacts")
   loaded_connector = load_connector(art, meta) if resume else None
   if cfg.align_steps == 0:  # an untrained connector (the smoke preset)
     connector, record = init_connector(mcfg, cfg.seed), {"settings": meta, "history": [], "clips": 0}
   elif loaded_connector is None:
     t0 = time.time()
-    items = align_items(cfg, exclude_ids)
+    items = align_items(cfg, exclude_ids, exclude_texts)
     clips = [speech.make_clip(it, "clean", seed=cfg.seed + 1, voice=cfg.voice)[0] for it in items]
     feats, cut = features(clips)
     prompt = align_prompt(tok, pid, cfg.audio_tokens, cfg.audio_token)

@@ -12,7 +12,8 @@ self-aggregation and calibrated BTD (calibrated on the held-out half) by MAE and
 
 cpu preset: the 135M judge is weak (expect verdicts near chance), so the figures test the harness and the
 aggregation on a real, noisy judge rather than reproduce the paper's judges. full preset: sampled verdicts and
-labels by path (`samples_path`, JSONL of {"verdicts": ["A", "B", "tie", ...], "y": float}), any judge.
+labels by path (`samples_path`, JSONL of {"verdicts": ["A", "B", "tie", ...], "y": float, "self_aggregation":
+{"<n>": verdict}}), any judge: self-aggregation's final verdicts come with the file, one per n of `ns`.
 
   python -m experiments run btd --preset cpu
   python -m experiments run btd --preset full --set samples_path=/data/judge_samples.jsonl
@@ -37,7 +38,8 @@ PROMPT = ("Question: {q}\nAnswer A: {a}\nAnswer B: {b}\nWhich answer is correct?
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """btd settings. `items` answer pairs (half held out for calibration), `samples` verdicts each."""
+  """btd settings. `items` answer pairs (the first half calibrates, the second is evaluated), `samples` verdicts
+  each."""
   judge: str = "smollm2-135m-instruct"
   dataset: str = "basic_arithmetic"
   items: int = 32
@@ -74,14 +76,15 @@ registry.register(registry.Experiment(
     results=("mae.<method>", "pairwise_acc.<method>", "mae.btd.n<n>", "unparsed_share", "verdict_share.a",
              "verdict_share.b", "verdict_share.tie", "judge_accuracy_single", "items", "n_max"),
     paper="btd", claims=(
-        Claim("mae", "calibrated BTD has a lower MAE than majority vote and soft self-consistency",
-              "lower MAE than every baseline on every benchmark", "{mae.btd} < min({mae.majority}, {mae.soft_sc})",
+        Claim("mae", "calibrated BTD has a lower MAE than majority vote, soft self-consistency and self-aggregation",
+              "lower MAE than every baseline on every benchmark",
+              "{mae.btd} < min({mae.majority}, {mae.soft_sc}, {mae.self_agg})",
               measurable="{judge_accuracy_single} > 0.4 and {items} >= 200",
               why="the judge's single verdicts are at chance (0.4: always A or always B, at the presets' tie share "
                   "0.2) or fewer than 100 items are held out, where the methods' differences are noise"),
-        Claim("acc", "calibrated BTD's pairwise accuracy is at least the baselines'",
-              "higher pairwise accuracy than the baselines",
-              "{pairwise_acc.btd} >= max({pairwise_acc.majority}, {pairwise_acc.soft_sc})",
+        Claim("acc", "calibrated BTD's pairwise accuracy is at least the three baselines' (majority vote, soft "
+              "self-consistency, self-aggregation)", "higher pairwise accuracy than the baselines",
+              "{pairwise_acc.btd} >= max({pairwise_acc.majority}, {pairwise_acc.soft_sc}, {pairwise_acc.self_agg})",
               measurable="{judge_accuracy_single} > 0.4 and {items} >= 200",
               why="the judge's single verdicts are at chance (0.4: always A or always B, at the presets' tie share "
                   "0.2) or fewer than 100 items are held out, where the methods' differences are noise"),

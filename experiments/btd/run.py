@@ -10,6 +10,7 @@ import numpy as np
 from experiments import registry
 from experiments._shared.chat_models import load_chat_model
 from experiments.btd import aggregation as btd
+from experiments.runner import splits
 from jaxlab.generate import sample
 from experiments.btd import Config, NAMES, PROMPT, VERDICT_TOKENS
 
@@ -77,36 +78,56 @@ class Judge:
     return [self._code(int(t)) for t in z.argmax(-1)]
 
 
-def read_samples(path: str, samples: int) -> tuple[np.ndarray, np.ndarray]:
-  """([I, samples] verdict codes, [I] ratings) from a JSONL of {"verdicts": [...], "y": float}."""
+def _code(verdict) -> int:
+  return NAMES.get(str(verdict).strip().lower(), btd.UNPARSED)
+
+
+def read_samples(path: str, samples: int, ns=()) -> tuple[np.ndarray, np.ndarray, dict, list[str]]:
+  """([I, samples] verdict codes, [I] ratings, {n: [I] self-aggregation codes}, [I] item names) from a JSONL of
+  {"verdicts": [...], "y": float, "self_aggregation": {"<n>": verdict}, "question" or "id": optional}: the judge's
+  final verdict after reading its first n verdicts, for every n of `ns`. An item's name is its question, else its
+  id, else "line <i>"."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"samples_path: expected a JSONL file of judge verdicts, found nothing at {path!r}")
-  codes, ys = [], []
+  codes, ys, selfs, names = [], [], {n: [] for n in ns}, []
   with open(path) as f:
     for i, line in enumerate(x for x in f if x.strip()):
       rec = json.loads(line)
-      v = [NAMES.get(str(s).strip().lower(), btd.UNPARSED) for s in rec["verdicts"]]
+      v = [_code(s) for s in rec["verdicts"]]
       if len(v) < samples:
         raise ValueError(f"{path}: item {i} has {len(v)} verdicts, samples={samples} needs at least that many")
+      agg = rec.get("self_aggregation", {})
+      missing = [n for n in ns if str(n) not in agg]
+      if missing:
+        raise ValueError(f"{path}: item {i} lacks self_aggregation verdicts for n in {missing} (the judge's final "
+                         "verdict after reading its first n verdicts, one of the paper's baselines)")
+      for n in ns:
+        selfs[n].append(_code(agg[str(n)]))
       codes.append(v[:samples])
       ys.append(float(rec["y"]))
-  return np.asarray(codes, np.int32), np.asarray(ys, np.float32)
+      names.append(str(rec.get("question", rec.get("id", f"line {i}"))))
+  return np.asarray(codes, np.int32), np.asarray(ys, np.float32), selfs, names
+
+
+def split_items(names: list[str], half: int, kind: str) -> dict:
+  """The splits: the first `half` items calibrate (train), the rest are evaluated (test)."""
+  return {"train": {kind: names[:half]}, "test": {kind: names[half:]}}
 
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # minutes of work at the cpu preset; recomputed
   if cfg.samples_path is not None:
-    verdicts, y = read_samples(cfg.samples_path, cfg.samples)
-    items, judge = None, None
+    verdicts, y, file_selfs, names = read_samples(cfg.samples_path, cfg.samples, cfg.ns)
+    half = len(y) // 2
+    splits.record(out_dir, "btd", split_items(names, half, "items"))
+    self_scores = {n: np.array([btd.SCORES[c] for c in codes[half:]], np.float32) for n, codes in file_selfs.items()}
   else:
     items, y = answer_pairs(cfg.dataset, cfg.items, cfg.tie_share, cfg.seed)
+    half = len(y) // 2
+    splits.record(out_dir, "btd", split_items([it["question"] for it in items], half, "questions"))
     judge = Judge(cfg.judge)
     verdicts = judge.sample_verdicts(items, cfg.samples, cfg.temperature, cfg.seed + 1)
-  half = len(y) // 2
-  self_scores = None
-  if judge is not None:
-    test_items = items[half:]
-    self_scores = {n: btd.self_aggregation(judge, test_items, verdicts[half:, :n].tolist()) for n in cfg.ns}
+    self_scores = {n: btd.self_aggregation(judge, items[half:], verdicts[half:, :n].tolist()) for n in cfg.ns}
   rows = btd.evaluate(verdicts[:half], y[:half], verdicts[half:], y[half:], cfg.ns, prior=cfg.prior,
                       self_scores=self_scores)
   with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:

@@ -13,7 +13,9 @@ best member of each structure at the same budget (truncated SVD for LoRA, i.e. r
 (r, r1, r2)); the relative Frobenius error, averaged over matrices, says how much of the full update each structure
 can express. The trained adapters' cosine with the full update is reported too.
 full: a LLaMA checkpoint by path (`jaxlab.hf.load`), MetaMathQA (or commonsense_170k) JSONL for training and
-GSM8K (or a commonsense test set) JSONL for testing, the paper's official setting (all linears, r1 = r2 = 2, r = 8).
+GSM8K (or a commonsense test set) JSONL for testing, the paper's official setting (all linears, r1 = r2 = 2, r = 8)
+and the reference's recipe (`data="metamath_gsm"`: its GSM-derived first 100k records and "Q: ...\nA: " prompt; any
+other file with --set data=file).
 
   python -m experiments run cdka --preset cpu
   python -m experiments run cdka --preset full --set setup.model_path=/ckpt/Llama-2-7b-hf \\
@@ -44,6 +46,8 @@ Method = Literal["full", "lora", "cdka", "cdka_alt"]
 METHODS = choices.values(Method)
 Prefer = Literal["rank", "shape"]  # kron.recommend's preferences
 PREFS = choices.values(Prefer)
+Data = Literal["file", "metamath_gsm"]  # the training set: every record of setup.train_path, or the reference's
+REFERENCE_TEMPLATE = "Q: {q}\nA: "  # the reference's prompt for MetaMathQA and GSM8K (`data.py`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,17 +66,24 @@ class Config:
   lr_lora: float = 3e-3
   lr_cdka: float = 3e-3
   warmup_steps: int = 1
+  lr_floor: float = 0.1  # the cosine schedule ends at lr_floor x the peak
   weight_decay: float = 0.0
   grad_clip: float = 1.0
   targets: tuple[str, ...] = lora.ALL_LINEAR
   lora_rank: int = 2
   lora_alpha: float = 16.0
-  lora_rslora: bool = True
+  lora_rslora: bool = True  # scale alpha/sqrt(r): with lora_alpha = cdka_alpha, CDKA's rule at r1 = r2 = 1
   cdka_r: int = 0
   cdka_r1: int = 0
   cdka_r2: int = 0
   cdka_prefer: Prefer = "rank"
   cdka_alpha: float = 16.0
+  # "metamath_gsm": the reference's training set: setup.train_path's MetaMathQA records whose type is GSM-derived,
+  # prompt `template`, response up to its "The answer is:" line, kept while under setup.seq_len tokens, the first
+  # `train_records`; the test file is read with `template` too. "file": every record, arithmetic's Alpaca prompt.
+  data: Data = "file"
+  train_records: int = 100_000
+  template: str = REFERENCE_TEMPLATE
   budget_tolerance: float = 0.05
   analysis: bool = True
   analysis_max_matrices: int = 0  # 0: every targeted matrix (per layer); else an evenly spaced subset
@@ -98,6 +109,11 @@ class Config:
     if len({self.cdka_r > 0, self.cdka_r1 > 0, self.cdka_r2 > 0}) != 1:
       raise ValueError(f"set all of cdka_r, cdka_r1, cdka_r2 or none, found {self.cdka_r}, {self.cdka_r1}, "
                        f"{self.cdka_r2}")
+    if not 0 <= self.lr_floor <= 1 or self.train_records < 1 or "{q}" not in self.template:
+      raise ValueError(f"lr_floor must be in [0, 1], train_records >= 1 and template must hold {{q}}, found "
+                       f"{self.lr_floor}, {self.train_records}, {self.template!r}")
+    if self.data == "metamath_gsm" and (self.setup.train_path is None or self.setup.train_format != "metamathqa"):
+      raise ValueError("data='metamath_gsm' needs a MetaMathQA setup.train_path (setup.train_format='metamathqa')")
     if not 0 < self.budget_tolerance < 1:
       raise ValueError(f"budget_tolerance must be in (0, 1), found {self.budget_tolerance}")
     lora.compile_targets(self.targets)
@@ -107,10 +123,11 @@ PRESETS = {
     "smoke": Config(),
     "cpu": Config(setup=common.Setup.cpu(), methods=METHODS, steps=100, batch_size=32, lr_full=1e-3,
                   lr_lora=1e-2, lr_cdka=1e-2, warmup_steps=10, lora_rank=4, log_every=10),
-    "full": Config(setup=common.Setup.full(), steps=3000, batch_size=64, lr_full=2e-5, lr_lora=2e-4,
-                   lr_cdka=2e-4, warmup_steps=100, lora_rank=8, lora_alpha=16.0, lora_rslora=False,
-                   cdka_r=8, cdka_r1=2, cdka_r2=2, cdka_alpha=64.0, analysis_max_matrices=14, log_every=20,
-                   mesh="fsdp:-1", strategy="fsdp"),
+    # one epoch of the reference's 100k records at batch 32 (3,125 steps), warmup 3% (ceil: 94), cosine to 0
+    "full": Config(setup=common.Setup.full(max_new_tokens=512), steps=3125, batch_size=32, lr_full=2e-5,
+                   lr_lora=2e-4, lr_cdka=2e-4, warmup_steps=94, lr_floor=0.0, weight_decay=5e-4, lora_rank=8,
+                   lora_alpha=64.0, lora_rslora=True, cdka_r=8, cdka_r1=2, cdka_r2=2, cdka_alpha=64.0,
+                   data="metamath_gsm", analysis_max_matrices=14, log_every=20, mesh="fsdp:-1", strategy="fsdp"),
 }
 
 

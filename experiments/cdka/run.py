@@ -2,6 +2,7 @@
 `experiments/cdka/__init__.py`, the paper and its departures in `experiments/cdka/README.md`)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -11,7 +12,9 @@ import numpy as np
 from experiments._shared import adapters as common
 from experiments import registry
 from experiments._shared.recipes import fit, optimizer
+from experiments.runner import splits
 from jaxlab.adapters import kron, lora
+from jaxlab.data import corpus as corpus_lib
 from jaxlab.data.tasks import arithmetic
 from jaxlab.models import transformer as tfm
 from jaxlab.train import schedules
@@ -57,6 +60,52 @@ def choose_cdka(shapes: dict, rank: int, tol: float, prefer: str = "rank") -> di
                    f"{tol:.0%} of LoRA rank {rank}'s {total} params")
 
 
+def metamath_gsm(path: str, tok, limit: int, max_tokens: int, template: str) -> list[arithmetic.Example]:
+  """The reference's training set from a MetaMathQA JSONL file: the records whose `type` names GSM8K, in file order,
+  as `template`-prompted examples whose target is the response up to its "The answer is:" line (the answer is the
+  number after it), kept while prompt + " " + target is under `max_tokens` tokens and the training row fits
+  `max_tokens` positions; the first `limit` kept."""
+  types, qs, rs = (corpus_lib.jsonl_corpus(path, field=f) for f in ("type", "query", "response"))
+  out = []
+  for i in range(len(qs)):
+    if len(out) == limit:
+      break
+    if "GSM" not in types[i]:
+      continue
+    response = rs[i]
+    if "The answer is:" not in response:
+      raise ValueError(f"{path} record {i}: expected a response ending in 'The answer is: N', found "
+                       f"{response[-60:]!r}")
+    tail = response.rsplit("The answer is:", 1)[1].strip()
+    m = arithmetic.NUMBER.search(tail)
+    prompt, target = template.format(q=qs[i]), response.split("\nThe answer is:")[0]
+    row = len(tok.encode(prompt, add_bos=True)) + len(tok.encode(target, add_eos=True)) - 1
+    if len(tok.encode(prompt + " " + target, add_bos=True)) < max_tokens and row <= max_tokens:
+      out.append(arithmetic.Example(prompt, arithmetic.normalize(m.group(0) if m else tail), 0, target))
+  if not out:
+    raise ValueError(f"{path}: no GSM-derived MetaMathQA record under {max_tokens} tokens")
+  return out
+
+
+def reference_context(cfg: Config, out_dir: str, writer) -> common.Context:
+  """`common.prepare`'s context on the reference's data (`Config.data` "metamath_gsm"): `metamath_gsm` for training,
+  the test file read with the same template."""
+  setup = cfg.setup
+  ctx = common.prepare(dataclasses.replace(setup, train_examples=1, test_examples=1), out_dir, writer, cfg.seed)
+  train = metamath_gsm(setup.train_path, ctx.tok, cfg.train_records, setup.seq_len, cfg.template)
+  test = arithmetic.load_jsonl(setup.test_path, setup.test_format, setup.test_examples or None, cfg.template)
+  need = max(len(ctx.tok.encode(e.prompt)) + len(ctx.tok.encode(e.target)) + 1 for e in train)
+  fits = [e for e in test if len(ctx.tok.encode(e.prompt)) + len(ctx.tok.encode(e.target)) + 1 <= setup.seq_len]
+  return dataclasses.replace(ctx, setup=setup, train=train, test=test,
+                             train_arrays=arithmetic.sft_arrays(train, ctx.tok, min(-(-need // 8) * 8, setup.seq_len)),
+                             test_arrays=arithmetic.sft_arrays(fits or test[:1], ctx.tok, setup.seq_len))
+
+
+def split_items(train, test) -> dict:
+  """The run's splits: the fine-tuning questions (`train`) and the test questions."""
+  return {"train": {"questions": [e.prompt for e in train]}, "test": {"questions": [e.prompt for e in test]}}
+
+
 def _masked_adapter_loss(merge_fn, sft_loss):
   def loss_fn(params, batch, rng):
     base = jax.lax.stop_gradient(params["base"])
@@ -70,7 +119,7 @@ def finetune(cfg: Config, ctx: common.Context, lr: float, adapter_mod, adapter_c
   Returns:
     (effective params, trainable param count, loss history).
   """
-  schedule = schedules.get("cosine", lr, cfg.steps, cfg.warmup_steps, 0.1)
+  schedule = schedules.get("cosine", lr, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
   inner = optimizer(schedule, "adamw", cfg.grad_clip, weight_decay=cfg.weight_decay)
   base = jax.tree.map(lambda x: x.copy(), ctx.params)  # the train step donates its state
   sft_loss = common.sft_loss_fn(ctx.model)
@@ -168,7 +217,9 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # a finished run is cheap to repeat; nothing is checkpointed mid-way
   common.check_paths(cfg.setup)
   writer = common.Writer(os.path.join(out_dir, "metrics.jsonl"))
-  ctx = common.prepare(cfg.setup, out_dir, writer, cfg.seed)
+  ctx = (reference_context(cfg, out_dir, writer) if cfg.data == "metamath_gsm" else
+         common.prepare(cfg.setup, out_dir, writer, cfg.seed))
+  splits.record(out_dir, "cdka", split_items(ctx.train, ctx.test))
   shapes = lora.target_paths(ctx.params, cfg.targets)
   lcfg = lora.Config(rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.targets, rslora=cfg.lora_rslora)
   kconfigs = _cdka_configs(cfg, shapes) if any(m.startswith("cdka") for m in cfg.methods) else {}

@@ -24,15 +24,20 @@ question's label ("Answer j:", "Problem j:") or begins by restating another ques
 section ends at the next header, after the first paragraph that states an answer, or before a paragraph
 restating another question (a trailing summary is not the question's). A question's answer is its unique
 "Answer k" label anywhere, else the single value its section states ("answer: x", "the answer is x",
-<answer>x</answer>, \\boxed{x}), else the number after the section's last "="; conflicting values leave it
-unanswered. With N = 1 a text without headers is question 1's section.
+<answer>x</answer>, \\boxed{x} with nested braces), else the number after the section's last "="; conflicting values
+leave it unanswered. With N = 1 a text without headers is question 1's section. A completion with a
+`<think>...</think>` block is parsed after the block; each question's reasoning is the whole block (N = 1) or the
+block's header section of its number, and a question whose reasoning cannot be attributed so keeps its answer but
+has no trace. JSONL answers are right when equal as strings or, by math-verify, as mathematics (`\\dfrac12` =
+`\\frac{1}{2}`).
 
-Method: training questions (disjoint from the held-out ones) are asked alone and packed `train_n` at a time
-(`packings` random groupings); a packed trace is kept when it is correct and concise, i.e. its tokens are fewer
-than `max_ratio` times that question's single-question completion tokens (`build_sft`; the shortest kept trace per
-question). SFT rows: the single-question prompt -> "Problem 1: " + the trace (answer labels renumbered to 1), then
-a LoRA (q, k, v, o) fine-tune with the completion-only loss (`jaxlab.losses.sft_loss_fn`, `jaxlab.train` loop), and
-single-question tokens and accuracy on the held-out questions before (`sft.*_before` = the N = 1 figures) and after.
+Method: training questions (disjoint from the held-out ones: `run.tasks` skips held-out questions) are asked alone
+and packed `train_n` at a time (`packings` random groupings); a packed trace is kept when it is correct and concise,
+i.e. its tokens are fewer than `max_ratio` times that question's single-question completion tokens (`build_sft`;
+the shortest kept trace per question). SFT rows: the single-question prompt -> "Problem 1: " + the trace (answer
+labels renumbered to 1), after its reasoning in a `<think>` block when it has one, then a LoRA (q, k, v, o)
+fine-tune with the completion-only loss (`jaxlab.losses.sft_loss_fn`, `jaxlab.train` loop), and single-question
+tokens and accuracy on the held-out questions before (`sft.*_before` = the N = 1 figures) and after.
 Baseline, multi-question prompts at test time: `baseline.tokens` / `baseline.accuracy` are the held-out figures
 at N = `train_n` (`baseline.n`). With no kept example the fine-tune is skipped and the `*_after` figures are NaN.
 

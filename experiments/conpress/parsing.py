@@ -1,9 +1,12 @@
 """conpress's packed-answer parser: per-question traces and answers of a completion answering N numbered questions,
-never attributing text to a question it may not belong to (the rules are in experiments/conpress/__init__.py)."""
+never attributing text to a question it may not belong to (the rules are in experiments/conpress/__init__.py), the
+reasoning of a `<think>` block included, and the comparison of an answer with a gold answer."""
 from __future__ import annotations
 
 import dataclasses
 import re
+
+from jaxlab.data.tasks import arithmetic
 
 _LEAD = r"^[ \t>#*_\-]*"
 _KEYWORD_HEADER = re.compile(_LEAD + r"(?:question|problem|q)[ \t]*#?[ \t]*(\d{1,3})[ \t]*(?:[:.)\]]|\*\*|-|$)",
@@ -15,29 +18,79 @@ _NUMBERED_ANSWER = re.compile(r"\b(?:final[ \t]+)?answer[ \t]*(?:(?:to|for|of)[ 
 _OTHER_LABEL = re.compile(r"\b(?:answer[ \t]*(?:(?:to|for|of)[ \t]+(?:question|problem|q)[ \t]*)?|question|problem|q)"
                           r"[ \t]*#?[ \t]*(\d{1,3})[ \t]*\**[ \t]*[:=.)]", re.I)
 _ANSWER = re.compile(r"\banswer\b(?:[^\n:=\d]{0,40}?\bis\b|[ \t]*\**[ \t]*[:=])[ \t]*\**[ \t]*" + _VALUE, re.I)
-_TAG = re.compile(r"<answer>(.*?)</answer>|\\boxed\{([^{}]*)\}", re.I | re.S)
+_TAG = re.compile(r"<answer>(.*?)</answer>", re.I | re.S)
+_BOX = re.compile(r"\\(?:boxed|fbox)[ \t]*\{")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _EQUALS = re.compile(r"=[ \t]*\**[ \t]*(-?\d[\d,]*(?:\.\d+)?)")
 _PARAGRAPH = re.compile(r"\n[ \t]*\n")
 
 
 @dataclasses.dataclass(frozen=True)
 class Parsed:
-  """One question's share of a packed answer: its trace (section text) and answer, each None when unknown."""
+  """One question's share of a packed answer: its trace (section text) and answer, each None when unknown;
+  `reasoning`: its share of the completion's `<think>` block (None without one)."""
   number: int
   trace: str | None
   answer: str | None
+  reasoning: str | None = None
+
+
+def boxed(text: str) -> list[str]:
+  """The contents of every complete `\\boxed{...}` (or `\\fbox{...}`) in `text`, nested braces included."""
+  out = []
+  for m in _BOX.finditer(text):
+    depth, i = 1, m.end()
+    while i < len(text) and depth:
+      depth += {"{": 1, "}": -1}.get(text[i], 0) if text[i - 1] != "\\" else 0
+      i += 1
+    if not depth:
+      out.append(text[m.end():i - 1])
+  return out
 
 
 def _clean(value: str) -> str | None:
   v = value.strip().strip("*").strip().rstrip(".").strip()
+  if _BOX.search(v):  # "the answer is \boxed{x}": x, and nothing where the box is cut
+    inner = boxed(v)
+    v = inner[-1].strip() if inner else ""
   return v or None
 
 
 def _stated(text: str) -> list[str]:
   """Values stated as answers in a section: "answer: x" / "the answer is x", <answer>x</answer>, \\boxed{x}."""
   out = [_clean(m.group(1)) for m in _ANSWER.finditer(text)]
-  out += [_clean(m.group(1) if m.group(1) is not None else m.group(2)) for m in _TAG.finditer(text)]
+  out += [_clean(m.group(1)) for m in _TAG.finditer(text)] + [_clean(b) for b in boxed(text)]
   return [v for v in out if v]
+
+
+def split_think(text: str) -> tuple[str | None, str]:
+  """(reasoning, the rest) of a completion: the text of a leading `<think>...</think>` block (or before a
+  `</think>` that closes a block the chat template opened) and what follows it; reasoning None without a block
+  (or an empty one), the rest "" while the block is unclosed (a completion cut by its budget)."""
+  s = text.strip()
+  if THINK_CLOSE in s:
+    head, rest = s.split(THINK_CLOSE, 1)
+    head = head.split(THINK_OPEN, 1)[1] if THINK_OPEN in head else head
+    return head.strip() or None, rest.strip()
+  if s.startswith(THINK_OPEN):
+    return s[len(THINK_OPEN):].strip() or None, ""
+  return None, text
+
+
+def _math(text: str) -> str:
+  return text if any(d in text for d in ("$", "\\(", "\\[", "\\boxed")) else f"${text}$"
+
+
+def equivalent(answer: str | None, gold: str) -> bool:
+  """Whether `answer` states `gold`: equal strings after `arithmetic.normalize`, else mathematically equal by
+  math-verify (LaTeX or plain expressions: `\\dfrac12` equals `\\frac{1}{2}` and 0.5)."""
+  if answer is None:
+    return False
+  if arithmetic.normalize(answer) == arithmetic.normalize(gold):
+    return True
+  import math_verify  # a declared dependency, imported where it is used (its sympy import is slow)
+  g, a = math_verify.parse(_math(gold)), math_verify.parse(_math(answer))
+  return bool(g and a and math_verify.verify(g, a))
 
 
 _DIGITS = re.compile(r"\d+(?:\.\d+)?")
@@ -76,9 +129,39 @@ def _others(sigs, k: int) -> list[tuple]:
   return [sig for j, sig in enumerate(sigs, 1) if j != k and sig is not None and sig != sigs[k - 1]]
 
 
+def _sections(text: str, n: int) -> tuple[list, dict[int, str]]:
+  """The headers of `text` and the whole text after each header of a number in 1..n numbered once, up to the next."""
+  headers = list(_KEYWORD_HEADER.finditer(text))
+  if not headers and n > 1:  # with one question, bare numbers are its steps
+    headers = list(_BARE_HEADER.finditer(text))
+  counts: dict[int, int] = {}
+  for h in headers:
+    counts[int(h.group(1))] = counts.get(int(h.group(1)), 0) + 1
+  sections: dict[int, str] = {}
+  for i, h in enumerate(headers):
+    k = int(h.group(1))
+    if 1 <= k <= n and counts[k] == 1:
+      end = headers[i + 1].start() if i + 1 < len(headers) else len(text)
+      sections[k] = text[h.end():end].lstrip("*").strip()
+  return headers, sections
+
+
+def _thoughts(reasoning: str, n: int) -> dict[int, str]:
+  """Each question's share of a `<think>` block: all of it with one question, else its header sections (as the
+  answer's, uncut) that name no other question."""
+  if n == 1:
+    return {1: reasoning}
+  return {k: r for k, r in _sections(reasoning, n)[1].items()
+          if r and all(int(m.group(1)) == k for m in _OTHER_LABEL.finditer(r))}
+
+
 def parse_packed(text: str, n: int, questions=None) -> list[Parsed]:
-  """Per-question (trace, answer) of a completion answering `n` numbered questions; never a guess (see module
-  docstring): what cannot be attributed to exactly one question stays None.
+  """Per-question (trace, answer, reasoning) of a completion answering `n` numbered questions; never a guess (see
+  module docstring): what cannot be attributed to exactly one question stays None.
+
+  A completion with a `<think>` block (`split_think`) is parsed after the block; each question's reasoning is its
+  share of the block (`_thoughts`), and a question whose reasoning cannot be attributed has no trace (its trace
+  without its reasoning is not what the model wrote for it). An unclosed block (a cut completion) answers nothing.
 
   Args:
     text: the completion.
@@ -91,19 +174,11 @@ def parse_packed(text: str, n: int, questions=None) -> list[Parsed]:
   if questions is not None and len(questions) != n:
     raise ValueError(f"questions must hold the n = {n} question texts, found {len(questions)}")
   sigs = [_signature(q) for q in questions] if questions is not None else [None] * n
-  headers = list(_KEYWORD_HEADER.finditer(text))
-  if not headers and n > 1:  # with one question, bare numbers are its steps
-    headers = list(_BARE_HEADER.finditer(text))
-  counts: dict[int, int] = {}
-  for h in headers:
-    counts[int(h.group(1))] = counts.get(int(h.group(1)), 0) + 1
-  sections: dict[int, str] = {}
-  for i, h in enumerate(headers):
-    k = int(h.group(1))
-    if 1 <= k <= n and counts[k] == 1:
-      end = headers[i + 1].start() if i + 1 < len(headers) else len(text)
-      sections[k] = _cut(text[h.end():end].lstrip("*").strip(), _others(sigs, k))
-  if n == 1 and not headers:
+  reasoning, text = split_think(text)
+  thoughts = _thoughts(reasoning, n) if reasoning is not None else None
+  headers, sections = _sections(text, n)
+  sections = {k: _cut(body, _others(sigs, k)) for k, body in sections.items()}
+  if n == 1 and not headers and text.strip():
     sections[1] = _cut(text.strip())
   labels: dict[int, set] = {}
   for m in _NUMBERED_ANSWER.finditer(text):
@@ -128,10 +203,19 @@ def parse_packed(text: str, n: int, questions=None) -> list[Parsed]:
       answer = (next(iter(stated)) if len(stated) == 1 else None) if stated else (eq[-1] if eq else None)
     else:
       answer = None
-    out.append(Parsed(k, trace or None, answer))
+    thought = None if thoughts is None else thoughts.get(k)
+    if thoughts is not None and thought is None:
+      trace = None
+    out.append(Parsed(k, trace or None, answer, thought))
   return out
 
 
+def _renumber(text: str) -> str:
+  return _NUMBERED_ANSWER.sub(lambda m: m.group(0).replace(m.group(1), "1", 1), text)
+
+
 def sft_completion(p: Parsed) -> str:
-  """The single-question target of a packed trace: "Problem 1: " + the trace, its answer labels renumbered."""
-  return "Problem 1: " + _NUMBERED_ANSWER.sub(lambda m: m.group(0).replace(m.group(1), "1", 1), p.trace)
+  """The single-question target of a packed trace: "Problem 1: " + the trace, its answer labels renumbered; after
+  its reasoning in a `<think>` block when it has one."""
+  body = "Problem 1: " + _renumber(p.trace)
+  return body if p.reasoning is None else f"{THINK_OPEN}\n{_renumber(p.reasoning)}\n{THINK_CLOSE}\n\n{body}"

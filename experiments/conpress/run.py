@@ -15,6 +15,8 @@ from experiments._shared.adapters import sft_batches
 from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
 from experiments._shared.recipes import fit
 from experiments.conpress.parsing import Parsed, parse_packed, sft_completion  # noqa: F401  (public here too)
+from experiments.conpress.parsing import equivalent
+from experiments.runner import splits
 from jaxlab import losses
 from jaxlab.adapters import lora
 from jaxlab.data.tasks import arithmetic
@@ -30,9 +32,10 @@ def pack_prompt(questions) -> str:
   return HEAD.format(what=what) + "\n\n" + "\n".join(f"Problem {i + 1}: {q}" for i, q in enumerate(questions))
 
 
-def read_jsonl(path: str, n: int) -> list[dict]:
-  """The first `n` {"question", "answer"} rows of a JSONL file: the question from "question" / "problem" /
-  "prompt", the answer from "answer" (GSM8K's text after "####"; MATH500 / AIME answers as they are)."""
+def read_jsonl(path: str, n: int, exclude=frozenset()) -> list[dict]:
+  """The first `n` {"question", "answer"} rows of a JSONL file whose question (`splits.canonical`) is not in
+  `exclude`: the question from "question" / "problem" / "prompt", the answer from "answer" (GSM8K's text after
+  "####"; MATH500 / AIME answers as they are)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"expected a JSONL question file, found nothing at {path!r}")
   rows = []
@@ -45,6 +48,8 @@ def read_jsonl(path: str, n: int) -> list[dict]:
       if q is None or "answer" not in d:
         raise ValueError(f"{path}:{line_no}: expected a question/problem/prompt and an answer field, found "
                          f"{sorted(d)}")
+      if splits.canonical(str(q)) in exclude:
+        continue
       rows.append({"question": str(q), "answer": str(d["answer"]).rsplit("####", 1)[-1].strip()})
       if len(rows) == n:
         return rows
@@ -52,23 +57,32 @@ def read_jsonl(path: str, n: int) -> list[dict]:
 
 
 class Task:
-  """Questions with gold answers and a scorer: reasoning-gym's `score_answer`, or exact match for JSONL."""
+  """Questions with gold answers and a scorer: reasoning-gym's `score_answer`, or `equivalent` (string, then
+  math-verify) for JSONL. None of its questions (`splits.canonical`) is in `exclude` (another split's)."""
 
-  def __init__(self, spec: str, n: int, seed: int, terms, digits):
+  def __init__(self, spec: str, n: int, seed: int, terms, digits, exclude=frozenset()):
     if spec.startswith("jsonl:"):
-      self.dataset, self.entries = None, read_jsonl(spec[len("jsonl:"):], n)
+      self.dataset, self.entries = None, read_jsonl(spec[len("jsonl:"):], n, exclude)
       return
     import reasoning_gym  # an experiment dependency, imported where it is used
     kw = dict(min_terms=terms[0], max_terms=terms[1], min_digits=digits[0], max_digits=digits[1]) \
         if spec in ("chain_sum", "basic_arithmetic") else {}
     if spec == "basic_arithmetic":  # sums and differences of non-negative numbers
       kw.update(operators=("+", "-"), allow_parentheses=False, allow_negation=False)
-    try:
-      self.dataset = reasoning_gym.create_dataset(spec, size=n, seed=seed, **kw)
-    except Exception as e:  # noqa: BLE001  (an unknown name or bad settings: one line)
-      raise ValueError(f"task {spec!r}: expected a reasoning-gym dataset or 'jsonl:PATH', found "
-                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
-    self.entries = list(self.dataset)
+    size = n
+    while True:  # a larger dataset until n of its questions are not excluded
+      try:
+        self.dataset = reasoning_gym.create_dataset(spec, size=size, seed=seed, **kw)
+      except Exception as e:  # noqa: BLE001  (an unknown name or bad settings: one line)
+        raise ValueError(f"task {spec!r}: expected a reasoning-gym dataset or 'jsonl:PATH', found "
+                         f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+      self.entries = [e for e in self.dataset if splits.canonical(e["question"]) not in exclude][:n]
+      if len(self.entries) == n:
+        break
+      if size >= 64 * n:
+        raise ValueError(f"task {spec!r}: fewer than {n} of {size} questions are not in the other split; widen "
+                         f"its ranges (terms, digits) or ask for fewer")
+      size *= 2
 
   def correct(self, answer: str | None, entry: dict) -> bool:
     if answer is None:
@@ -79,7 +93,7 @@ class Task:
       answer = m.group(0) if m else answer
     if self.dataset is not None:
       return float(self.dataset.score_answer(answer=arithmetic.normalize(answer), entry=entry)) >= 1.0
-    return arithmetic.normalize(answer) == gold
+    return equivalent(answer, str(entry["answer"]))
 
 
 def generate(params, mcfg, tok, prompts: list[list[int]], budgets: list[int], gen_batch: int,
@@ -188,11 +202,18 @@ def summarize(task: Task, entries: list[dict], ns, where, texts, counts) -> tupl
   return res, details
 
 
+def tasks(cfg: Config) -> tuple[Task, Task]:
+  """The held-out and the training task; no training question is a held-out one (reasoning-gym's seed s + 1 gives
+  seed s's questions shifted by one, so other seeds alone would not keep them apart)."""
+  test_task = Task(cfg.task, cfg.test_questions, cfg.seed + 1, cfg.terms, cfg.digits)
+  return test_task, Task(cfg.train_task or cfg.task, cfg.train_questions, cfg.seed + 2, cfg.terms, cfg.digits,
+                         exclude={splits.canonical(e["question"]) for e in test_task.entries})
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # minutes of work at the cpu preset; recomputed
   t0 = time.time()
-  test_task = Task(cfg.task, cfg.test_questions, cfg.seed + 1, cfg.terms, cfg.digits)
-  train_task = Task(cfg.train_task or cfg.task, cfg.train_questions, cfg.seed + 2, cfg.terms, cfg.digits)
+  test_task, train_task = tasks(cfg)
   mcfg, params, tok = load_chat_model(cfg.model)
   return run_with_model(cfg, out_dir, mcfg, params, tok, test_task, train_task, {"load": time.time() - t0})
 
@@ -203,6 +224,9 @@ def run_with_model(cfg: Config, out_dir: str, mcfg, params, tok, test_task: Task
   t0 = time.time() - sum((clock or {}).values())
   clock = dict(clock or {})
   test, train = test_task.entries, train_task.entries
+  asked = test[:min(len(test), cfg.prompts_per_n * cfg.ns[-1])] if cfg.prompts_per_n else test
+  splits.record(out_dir, "conpress", {"train": {"questions": [e["question"] for e in train]},
+                                      "test": {"questions": [e["question"] for e in asked]}})
 
   # the held-out questions at every N; each training question alone, and packed train_n at a time in
   # `packings` random groupings; all in one generation pass
@@ -225,7 +249,7 @@ def run_with_model(cfg: Config, out_dir: str, mcfg, params, tok, test_task: Task
   big = details[cfg.ns[-1]]
   for i in range(1, cfg.ns[-1] + 1):
     at = [(p, r) for (_, p), r in zip(big["parsed"], big["right"]) if p.number == i]
-    toks = [len(tok.encode(p.trace)) for p, _ in at if p.trace]
+    toks = [len(tok.encode(p.trace)) + (len(tok.encode(p.reasoning)) if p.reasoning else 0) for p, _ in at if p.trace]
     res[f"position_tokens.{i}"] = float(np.mean(toks)) if toks else float("nan")
     res[f"position_accuracy.{i}"] = float(np.mean([r for _, r in at]))
 

@@ -39,7 +39,8 @@ choices.same(PROGRAM_AGENTS + LM_AGENTS, Agent)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """dvworld settings. `tasks` / `sheet_tasks`: task ids (None: all); `agents`: of PROGRAM_AGENTS and LM_AGENTS."""
+  """dvworld settings. `tasks` / `sheet_tasks`: task ids (None: all); `agents`: of PROGRAM_AGENTS and LM_AGENTS;
+  `sheet_combine`: DV-Sheet creation's visual score times table coverage ("product") or weighted by `vis_weight`."""
   tasks: tuple[str, ...] | None = None
   sheet_tasks: tuple[str, ...] | None = None
   agents: tuple[Agent, ...] = PROGRAM_AGENTS + LM_AGENTS
@@ -55,6 +56,7 @@ class Config:
   results_dir: str | None = None
   agent_name: str = "candidate"
   vis_weight: float = 0.5
+  sheet_combine: Literal["product", "weighted"] = "product"
 
   def __post_init__(self):
     unknown = [a for a in self.agents if a not in PROGRAM_AGENTS + LM_AGENTS]
@@ -69,6 +71,8 @@ class Config:
     if self.max_turns < 2 or self.job_timeout_s < 1 or self.memory_mb < 256:
       raise ValueError(f"need max_turns >= 2, job_timeout_s >= 1, memory_mb >= 256; found {self.max_turns}, "
                        f"{self.job_timeout_s}, {self.memory_mb}")
+    if self.sheet_combine not in ("product", "weighted"):
+      raise ValueError(f"sheet_combine must be 'product' or 'weighted', found {self.sheet_combine!r}")
     if not 0.0 <= self.vis_weight <= 1.0:
       raise ValueError(f"vis_weight must be in [0, 1], found {self.vis_weight}")
     tasks.select(self.tasks)

@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 from experiments.dvworld import agents as agents_lib
+from experiments.runner import splits
 from experiments.dvworld import interact, rubric, sheet, tasks
 from experiments.dvworld import charts
 from experiments.dvworld import Config, LM_AGENTS, PROGRAM_AGENTS
@@ -97,12 +98,16 @@ def run_sheet(cfg, specs, agents, out_dir, log) -> dict:
     rows = []
     for (s, mode, brk), job, ran in zip(items, jobs[name], runs[name]):
       cand = sheet.read_charts(os.path.join(root, "agents", job.name, "result.xlsx"))
+      parts = {}
       if mode == "create":
-        score, must = (sheet.chart_similarity(gold[s.id][0], cand[0]) if cand else 0.0), None
+        parts = sheet.creation_score(os.path.join(root, "agents", job.name, "result.xlsx"),
+                                     os.path.join(root, f"gold.{s.id}", "result.xlsx"), cfg.sheet_combine,
+                                     cfg.vis_weight)
+        score, must = parts.pop("score"), None
       else:
         score, must = sheet.repair_score(gold[s.id][0], broken[s.id][0], cand[0] if cand else None)
       rows.append({"domain": "sheet", "agent": name, "task": s.id, "mode": mode, "break": brk, "must_fix": must,
-                   "charts": len(cand), "score": score, "error": ran.chart.error})
+                   "charts": len(cand), "score": score, **parts, "error": ran.chart.error})
       log(rows[-1])
     res[f"sheet.{name}"] = _mean([r["score"] for r in rows])
     res[f"sheet_create.{name}"] = _mean([r["score"] for r in rows if r["mode"] == "create"])
@@ -141,6 +146,7 @@ def run_full(cfg: Config, out_dir: str, log) -> dict:
   cases = sorted(d for d in os.listdir(cfg.gold_dir) if d.startswith("dv-evol"))
   if not cases:
     raise FileNotFoundError(f"gold_dir {cfg.gold_dir!r}: expected dv-evol-* case folders, found none")
+  splits.record(out_dir, "dvworld", {"dv_evol": {"cases": cases}})
   rows = []
   for case in cases:
     g, c = os.path.join(cfg.gold_dir, case), os.path.join(cfg.results_dir, case)
@@ -158,6 +164,19 @@ def run_full(cfg: Config, out_dir: str, log) -> dict:
   n = cfg.agent_name
   return {f"table_alignment.{n}": _mean([r["table"] for r in rows]), f"visual.{n}": _mean([r["visual"] for r in rows]),
           f"dv_evol.{n}": _mean([r["score"] for r in rows]), "cases": len(rows)}
+
+
+def split_items(specs, sheet_specs, frames) -> dict:
+  """The run's splits, one evaluation split per suite (DV-Evol, DV-Sheet creation and repair, DV-Interact), each
+  task as the text its agent reads; nothing is trained on or shown as an example."""
+  cols = lambda s: list(frames[s.source].columns)
+  sheet_items = [{"task": s.id, "mode": "create", "text": sheet.instruction(s, "create")} for s in sheet_specs]
+  sheet_items += [{"task": s.id, "mode": "fix", "text": sheet.instruction(s, "fix", sheet.fix_break(s, i))}
+                  for i, s in enumerate(sheet_specs)]
+  return {"dv_evol": {"tasks": [{"task": s.id, "text": s.instruction(cols(s))} for s in specs]},
+          "dv_sheet": {"tasks": sheet_items},
+          "dv_interact": {"tasks": [{"task": s.id, "text": r}
+                                    for r, (s, _) in interact.requests(specs, frames).items()]}}
 
 
 def _plot(path: str, res: dict, names) -> None:
@@ -188,6 +207,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     judge = _judge(cfg)
     specs, sheet_specs = tasks.select(cfg.tasks), tasks.select(cfg.sheet_tasks)
     frames = {s.source: tasks.load_frame(s.source) for s in specs + sheet_specs}
+    splits.record(out_dir, "dvworld", split_items(specs, sheet_specs, frames))
     agents = _agents(cfg)
     res = run_evol(cfg, specs, frames, agents, judge, out_dir, log)
     res.update(run_sheet(cfg, sheet_specs, agents, out_dir, log))

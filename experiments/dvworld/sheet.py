@@ -12,11 +12,19 @@ they point at and compared with the gold chart's, as the reference's DV-Sheet ev
   and the series term is their mean times matched / max(gold, candidate) series;
   repair (broken-gated): the aspects (type, series at 0.95, axis) in which the start chart differs from the gold
   one must all match the gold in the candidate, for 1, else 0.
-Creation is scored by the chart similarity of the candidate's first chart on "result" (0 when there is none).
+Creation follows the reference's DV-Sheet creation evaluator (`creation_score`): the first worksheet holding a chart
+(else the active one) is graded; three gates score 0 when the sheet has no chart, when the first chart's box (6
+columns x 12 rows from its top-left cell, `anchor_box`) covers the sheet's whole used range (non-overlap ratio
+1 - overlap / data area <= 0), or when none of its series reads all its data from cell references (dynamic share
+0); past them the visual rubric score (here the chart similarity against the gold chart, standing in for the
+reference's MLLM rubric over an Excel-exported image) is multiplied by the table coverage (`table_coverage`), or
+weighted with it.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import datetime
 import math
 import os
 import re
@@ -205,6 +213,148 @@ def repair_score(gold: SheetChart, start: SheetChart, cand: SheetChart | None) -
     return 0.0, must
   after = components(gold, cand)
   return float(all(after[k] >= THRESHOLDS[k] for k in must)), must
+
+
+DEFAULT_ANCHOR = (6, 12)  # the columns and rows a chart is taken to span
+
+
+def chart_sheet(wb):
+  """The worksheet graded: the first holding a chart, else the active one."""
+  return next((ws for ws in wb.worksheets if ws._charts), wb.active)
+
+
+def used_box(ws) -> tuple[int, int, int, int] | None:
+  """(first col, first row, last col, last row), 0-based inclusive, of the non-blank cells; None when there are none."""
+  cells = [(c.column - 1, c.row - 1) for row in ws.iter_rows() for c in row
+           if c.value is not None and not (isinstance(c.value, str) and not c.value.strip())]
+  if not cells:
+    return None
+  cols, rows = zip(*cells)
+  return min(cols), min(rows), max(cols), max(rows)
+
+
+def anchor_box(chart) -> tuple[int, int, int, int]:
+  """The chart's cell box, 0-based inclusive: DEFAULT_ANCHOR from its top-left cell, whatever the anchor kind (the
+  reference looks for a two-cell anchor's far corner as `_to`, which openpyxl names `to`, so it never finds it)."""
+  frm = getattr(chart.anchor, "_from", None)
+  if frm is None:
+    raise ValueError(f"chart anchor {chart.anchor!r} has no cell position")
+  return frm.col, frm.row, frm.col + DEFAULT_ANCHOR[0] - 1, frm.row + DEFAULT_ANCHOR[1] - 1
+
+
+def non_overlap(chart, ws) -> float:
+  """1 - (cells of the used range under the chart) / (cells of the used range); 1 for an empty sheet."""
+  data = used_box(ws)
+  if data is None:
+    return 1.0
+  box = anchor_box(chart)
+  w = max(0, min(box[2], data[2]) - max(box[0], data[0]) + 1)
+  h = max(0, min(box[3], data[3]) - max(box[1], data[1]) + 1)
+  return 1.0 - w * h / ((data[2] - data[0] + 1) * (data[3] - data[1] + 1))
+
+
+def _bound(source) -> bool:
+  return any(getattr(getattr(source, a, None), "f", None) for a in ("numRef", "strRef"))
+
+
+def dynamic_share(chart) -> float:
+  """The share of series whose data sources present (values, x, y, bubble sizes) all read cell references."""
+  series = list(chart.series)
+  def dynamic(ser):
+    present = [d for d in (ser.val, ser.xVal, ser.yVal, ser.bubbleSize) if d is not None]
+    return bool(present) and all(_bound(d) for d in present)
+  return sum(map(dynamic, series)) / len(series) if series else 0.0
+
+
+def header_key(h) -> str:
+  """A header as the coverage matches it: lower case, parenthesised units dropped, the letters of each space-,
+  underscore- or hyphen-separated word (a word without letters kept as written)."""
+  if h is None:
+    return ""
+  words = re.split(r"[\s_\-]+", re.sub(r"\(.*?\)", "", str(h).lower().strip()))
+  return "".join(re.sub(r"[^a-z]", "", w) or w for w in words)
+
+
+def _column_type(rows, i: int) -> str:
+  vals = [r[i] for r in rows if i < len(r) and r[i] not in (None, "")]
+  if not vals:
+    return "cat"
+  if sum(isinstance(v, (int, float)) for v in vals) / len(vals) > 0.7:
+    return "num"
+  if sum(isinstance(v, (datetime.date, datetime.datetime)) for v in vals) / len(vals) > 0.3:
+    return "date"
+  return "cat"
+
+
+def table_coverage(cand_ws, gold_ws) -> float:
+  """The share of the candidate's table cells (row 1 the header) found in the gold table's matched column, as
+  multisets of stripped text: gold columns take the candidate column of the same `header_key`, else the first
+  unused one of the same type (num, date, cat); 1 when the gold has no table, 0 when no column matches."""
+  def table(ws):
+    rows = list(ws.iter_rows(values_only=True))
+    return ([header_key(h) for h in rows[0]], rows[1:]) if rows else ([], [])
+  (ch, crows), (gh, grows) = table(cand_ws), table(gold_ws)
+  if not gh or not grows:
+    return 1.0
+  mapping, used = {}, set()
+  for g in gh:
+    if g in ch and g not in used:
+      mapping[g] = g
+      used.add(g)
+  gtypes, ctypes = [_column_type(grows, i) for i in range(len(gh))], [_column_type(crows, i) for i in range(len(ch))]
+  for gi, g in enumerate(gh):
+    if g in mapping:
+      continue
+    ci = next((i for i, c in enumerate(ch) if c not in used and ctypes[i] == gtypes[gi]), None)
+    if ci is not None:
+      mapping[g] = ch[ci]
+      used.add(ch[ci])
+  if not mapping:
+    return 0.0
+  def counts(headers, rows):
+    out = collections.defaultdict(collections.Counter)
+    for row in rows:
+      for h, v in zip(headers, row):
+        if h and v not in (None, ""):
+          out[h][str(v).strip()] += 1
+    return out
+  gc, cc = counts(gh, grows), counts(ch, crows)
+  total = sum(sum(cc[c].values()) for c in mapping.values())
+  matched = sum(min(n, gc[g][v]) for g, c in mapping.items() for v, n in cc[c].items())
+  return matched / total if total else 0.0
+
+
+def creation_score(cand_path: str, gold_path: str, combine: str = "product", vis_weight: float = 0.5) -> dict:
+  """The creation score of the workbook at `cand_path` against the gold one (module docstring): {"score", "gate"
+  (None when all pass, else the failed gate), "visual", "coverage", "non_overlap", "dynamic"}; `combine` is
+  "product" (visual x coverage) or "weighted" (vis_weight visual + (1 - vis_weight) coverage)."""
+  out = {"score": 0.0, "gate": "chart", "visual": 0.0, "coverage": 0.0, "non_overlap": 0.0, "dynamic": 0.0}
+  if not os.path.isfile(cand_path) or os.path.getsize(cand_path) > MAX_XLSX_BYTES:
+    return out
+  from openpyxl import load_workbook
+  try:
+    wb = load_workbook(cand_path)
+  except Exception:  # noqa: BLE001  (a candidate's broken file reads as no chart)
+    return out
+  ws = chart_sheet(wb)
+  if not ws._charts:
+    return out
+  chart = ws._charts[0]
+  out.update(gate="overlap", non_overlap=non_overlap(chart, ws))
+  if out["non_overlap"] <= 0:
+    return out
+  out.update(gate="dynamic", dynamic=dynamic_share(chart))
+  if out["dynamic"] <= 0:
+    return out
+  gold_wb = load_workbook(gold_path)
+  gold_ws = chart_sheet(gold_wb)
+  gold, cand = read_charts(gold_path, gold_ws.title), read_charts(cand_path, ws.title)
+  if not gold:
+    raise ValueError(f"the gold workbook {gold_path} has no chart")
+  visual, coverage = chart_similarity(gold[0], cand[0]), table_coverage(ws, gold_ws)
+  score = visual * coverage if combine == "product" else vis_weight * visual + (1 - vis_weight) * coverage
+  out.update(gate=None, visual=visual, coverage=coverage, score=score)
+  return out
 
 
 def data_columns(spec: tasks.Spec) -> list[str]:

@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+import optax
+
 from experiments._shared import adapters as common
 from experiments import registry
 from experiments.runner.claims import Claim
@@ -41,6 +44,18 @@ from jaxlab.adapters import fslora, lora
 
 
 METHODS = fslora.METHODS
+
+
+def reference_ranks(n: int, lo: int, hi: int, seed: int = 42) -> list[int]:
+  """The client ranks of the paper's "normal" setting: n draws of N((lo + hi) / 2, ((hi - lo) / 6)^2) from numpy's
+  legacy generator seeded `seed`, clipped to [lo, hi] and rounded (the reference's `generate_ranks`)."""
+  draws = np.random.RandomState(seed).normal((lo + hi) / 2, (hi - lo) / 6, n)
+  return np.round(np.clip(draws, lo, hi)).astype(int).tolist()
+
+
+def reference_ratios(n: int, rank: int, lo: int, hi: int, seed: int = 42) -> tuple[float, ...]:
+  """`reference_ranks` as sketch ratios k_i / rank (client i takes entry i)."""
+  return tuple(k / rank for k in reference_ranks(n, lo, hi, seed))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +73,10 @@ class Config:
   local_lr: float = 3e-3
   lr_decay: bool = False  # cosine decay of the clients' lr over the rounds, to 0.1x
   local_opt: fslora.LocalOpt = "adamw"
+  local_weight_decay: float = 0.0
   server_lr: float = 1.0
   server_opt: fslora.ServerOpt = "sgd"
+  server_weight_decay: float = 0.0  # > 0 with server_opt "adam": AdamW (decoupled decay, as torch.optim.AdamW)
   reweighted: bool = False  # also run FSLoRA with fslora.Config.reweight (row fslora_reweighted)
   rounds: int = 2
   ratios: tuple[float, ...] = (0.25, 0.5, 0.75)
@@ -82,15 +99,24 @@ class Config:
       raise ValueError(f"dirichlet_alpha must be positive, found {self.dirichlet_alpha}")
     if any(not 0 < q <= 1 for q in self.sweep_ratios):
       raise ValueError(f"sweep_ratios must lie in (0, 1], found {self.sweep_ratios}")
+    if self.server_weight_decay < 0 or (self.server_weight_decay and self.server_opt != "adam"):
+      raise ValueError(f"server_weight_decay must be >= 0 and needs server_opt 'adam', found "
+                       f"{self.server_weight_decay} with {self.server_opt!r}")
     self.federation("fslora")
 
   def federation(self, method: str, ratios: tuple[float, ...] | None = None, reweight: bool = False) -> fslora.Config:
     return fslora.Config(method=method, rank=self.rank, alpha=self.alpha, targets=self.targets,
                          n_clients=self.n_clients, clients_per_round=self.clients_per_round,
                          local_steps=self.local_steps, batch_size=self.local_batch, local_lr=self.local_lr,
-                         decay_rounds=self.rounds if self.lr_decay else 0,
+                         decay_rounds=self.rounds if self.lr_decay else 0, local_weight_decay=self.local_weight_decay,
                          local_opt=self.local_opt, server_lr=self.server_lr, server_opt=self.server_opt,
                          ratios=ratios or self.ratios, reweight=reweight)
+
+  def server_tx(self) -> optax.GradientTransformation | None:
+    """The server optimizer when it is not `fslora.Config`'s own (AdamW); None otherwise."""
+    if self.server_weight_decay:
+      return optax.adamw(self.server_lr, weight_decay=self.server_weight_decay)
+    return None
 
 
 PRESETS = {
@@ -102,9 +128,10 @@ PRESETS = {
                                          train_path=registry.Required("--set setup.train_path=commonsense_170k.jsonl"),
                                          test_path=registry.Required("--set setup.test_path=TEST.jsonl"),
                                          max_new_tokens=32),
-                   rank=64, alpha=128.0, n_clients=50, clients_per_round=10, local_steps=20, local_batch=16,
-                   local_lr=5e-4, rounds=100, ratios=(0.125, 0.25, 0.5, 1.0), sweep_ratios=(0.125, 0.25, 0.5),
-                   dirichlet_alpha=0.1, eval_every=10),
+                   rank=64, alpha=1.0, n_clients=50, clients_per_round=10, local_steps=20, local_batch=4,
+                   local_lr=3e-4, local_weight_decay=0.01, server_opt="adam", server_lr=3e-4, server_weight_decay=0.01,
+                   rounds=600, ratios=reference_ratios(50, 64, 1, 32), sweep_ratios=(0.125, 0.25, 0.5),
+                   dirichlet_alpha=0.1, eval_every=20),
 }
 
 

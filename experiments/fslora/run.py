@@ -10,6 +10,7 @@ import numpy as np
 
 from experiments._shared import adapters as common
 from experiments import registry
+from experiments.runner import splits as splits_lib
 from jaxlab.adapters import fslora
 from experiments.fslora import Config
 
@@ -21,6 +22,12 @@ def client_labels(examples) -> np.ndarray:
     return labels
   lengths = np.asarray([len(e.answer) for e in examples])
   return np.unique(np.minimum(lengths, 8), return_inverse=True)[1]
+
+
+def split_items(train, test, shards) -> dict:
+  """The run's splits: the questions of every client's shard (`train`) and the test questions."""
+  return {"train": {"questions": [train[i].prompt for s in shards for i in s]},
+          "test": {"questions": [e.prompt for e in test]}}
 
 
 def mean_loss_fn(model_cfg):
@@ -39,6 +46,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   ctx = common.prepare(cfg.setup, out_dir, writer, cfg.seed)
   labels = client_labels(ctx.train)
   splits = fslora.dirichlet_split(labels, cfg.n_clients, cfg.dirichlet_alpha, seed=cfg.seed)
+  splits_lib.record(out_dir, "fslora", split_items(ctx.train, ctx.test, splits))
   data, sizes = fslora.stack_clients(ctx.train_arrays, splits)
   writer.write({"phase": "split", "sizes": sizes.tolist(),
                 "classes": [np.bincount(labels[s], minlength=labels.max() + 1).tolist() for s in splits]})
@@ -58,7 +66,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   completions_path = common.fresh(os.path.join(out_dir, "completions.jsonl"))
   for name, method, ratios, reweight in runs:
     fcfg = cfg.federation(method, ratios, reweight)
-    _, h = fslora.simulate(fcfg, loss_fn, ctx.params, data, sizes, cfg.rounds, key, eval_fn, cfg.eval_every)
+    _, h = fslora.simulate(fcfg, loss_fn, ctx.params, data, sizes, cfg.rounds, key, eval_fn, cfg.eval_every,
+                           server_tx=cfg.server_tx())
     for r in h:
       writer.write({"phase": "federated", "method": name, **r})
     hist[name] = h
@@ -92,7 +101,7 @@ def _plots(out_dir: str, cfg: Config, hist: dict, base_acc: float, base_loss: fl
     series = {n: ([0] + [r["upload_bytes"] / 2**20 for r in h if key in r], [base] + [r[key] for r in h if key in r])
               for n, h in hist.items()}
     registry.plot_curves(os.path.join(out_dir, name), series, xlabel="cumulative upload (MiB)", ylabel=label,
-                         title=f"rank {cfg.rank}, heterogeneous ratios {cfg.ratios}", logy=key == "test_loss")
+                         title=f"rank {cfg.rank}, heterogeneous ratios {_ratios(cfg)}", logy=key == "test_loss")
   registry.plot_curves(os.path.join(out_dir, "train_loss.png"),
                        {n: ([r["round"] for r in h], [r["train_loss"] for r in h]) for n, h in hist.items()},
                        xlabel="round", ylabel="client loss (last local step)", logy=True)
@@ -106,6 +115,11 @@ def _plots(out_dir: str, cfg: Config, hist: dict, base_acc: float, base_loss: fl
                          title=f"FSLoRA, {cfg.rounds} rounds (ratio 1 = FedLoRA)")
 
 
+def _ratios(cfg: Config) -> str:
+  q = cfg.ratios
+  return str(q) if len(q) <= 4 else f"of {len(q)} clients, {min(q):g}..{max(q):g}, mean {sum(q) / len(q):.3f}"
+
+
 def _table(path: str, cfg: Config, res: dict) -> None:
   lines = ["| method | accuracy | test loss | uploaded MiB | bytes / FedLoRA | final client loss |",
            "|---|---|---|---|---|---|",
@@ -116,8 +130,10 @@ def _table(path: str, cfg: Config, res: dict) -> None:
                  f"{res['upload_bytes'][n] / 2**20:.2f} | {ratio:.3f} | {res['final_train_loss'][n]:.4f} |")
   lines += ["", f"{cfg.n_clients} clients, {cfg.clients_per_round} per round, {cfg.rounds} rounds, H = "
             f"{cfg.local_steps}, client {cfg.local_opt} lr {cfg.local_lr:g}"
-            f"{' cosine-decayed over the rounds to 0.1x' if cfg.lr_decay else ''}, server {cfg.server_opt} lr "
-            f"{cfg.server_lr:g}, rank {cfg.rank}, heterogeneous ratios {cfg.ratios}, Dirichlet alpha "
+            f"{' cosine-decayed over the rounds to 0.1x' if cfg.lr_decay else ''} (weight decay "
+            f"{cfg.local_weight_decay:g}), server {'adamw' if cfg.server_weight_decay else cfg.server_opt} lr "
+            f"{cfg.server_lr:g} (weight decay {cfg.server_weight_decay:g}), rank {cfg.rank}, heterogeneous ratios "
+            f"{_ratios(cfg)}, Dirichlet alpha "
             f"{cfg.dirichlet_alpha}, client sizes {res['client_sizes_min_max']}."]
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")

@@ -23,12 +23,13 @@ import dataclasses
 from typing import Literal
 
 from experiments import registry
-from experiments.gig.agents import (LABELS, METHODS, ChoiceLLM, Kitchen, LikelihoodLLM, TextGame, decision_prompt,
-                                    play_agent)
+from experiments.gig.agents import (LABELS, METHODS, RETRIEVALS, ChoiceLLM, Kitchen, LikelihoodLLM, TextGame,
+                                    decision_prompt, play_agent)
 from experiments.gig.planner import (THRESHOLD, LoopDetector, Memory, Option, Planner, Retrieval, dead_end,
                                      lookahead, shortest_plan, state_key)
 from experiments.runner.claims import Check, Claim
 from experiments.gig import cooking
+from experiments.gig.loss import Uniformity
 from jaxlab import choices
 from jaxlab.models import gnn
 
@@ -41,17 +42,23 @@ Env = Literal["cooking_sync", "cooking_async", "textworld"]
 ENVS = choices.values(Env)
 CHOOSERS = {"letter": ChoiceLLM, "likelihood": LikelihoodLLM}
 Chooser = Literal["letter", "likelihood"]
+RetrievalMode = Literal["prompt", "execute"]
 choices.same(CHOOSERS, Chooser)
+choices.same(RETRIEVALS, RetrievalMode)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   """gig settings: `train_problems` solved problems (seeds 0..) train the GAT and fill the memory, `test_problems`
-  (seeds 1000..) are unseen; `steps` Adam steps on `triplets` triplets each. The LLM agents (`llm`: a registered
-  chat model or a path; "" skips them; `chooser`: "letter" picks the lettered action whose letter is likeliest,
-  "likelihood" the action whose text is) play `llm_problems` unseen problems (seeds 1000..) in each of `llm_envs`;
+  (seeds 1000.., skipping any problem equal to a training one) are unseen; `steps` Adam steps on `triplets`
+  triplets each. The LLM agents (`llm`: a registered chat model or a path; "" skips them; `chooser`: "letter" picks
+  the lettered action whose letter is likeliest, "likelihood" the action whose text is) play `llm_problems` unseen
+  problems (chosen alike) in each of `llm_envs`;
   the kitchen GAT trains on the traces of every kitchen mode played. TextWorld games (`tw_*` settings of
   `experiments.gig.textworld.make_game`) are generated into `tw_games` (default: the run directory's
-  textworld_games/)."""
+  textworld_games/). The GAT's loss: triplet with `margin` plus `uniformity_weight` x `uniformity` ("cosine2": the
+  paper's mean squared cosine similarity; "log_mean_exp": Wang & Isola's, an ablation). `retrieval`: GiG's
+  remembered action goes into the LLM's prompt ("prompt", the paper's) or is taken without a call ("execute", an
+  ablation)."""
   recipes: tuple[str, ...] = ("burger", "cheese_sandwich", "onion_soup")
   mode: cooking.Mode = "sync"
   train_problems: int = 6
@@ -61,14 +68,16 @@ class Config:
   steps: int = 100
   triplets: int = 16
   lr: float = 3e-3
-  margin: float = 0.5
+  margin: float = 1.0
   uniformity_weight: float = 0.1
+  uniformity: Uniformity = "cosine2"
   threshold: float = THRESHOLD
   depth: int = 2
   max_steps: int = 40
   llm: str = "smollm2-135m-instruct"
   llm_envs: tuple[Env, ...] = ENVS
   chooser: Chooser = "letter"
+  retrieval: RetrievalMode = "prompt"
   llm_problems: int = 6
   llm_max_steps: int = 30
   tw_games: str = ""

@@ -130,6 +130,12 @@ class Kitchen:
   def describe(self, state) -> str:
     return cooking.describe(self.problem, state)
 
+  def project(self, state, action: str) -> str:
+    """The one-step projection T(s, a) in words: the lines of the state's description that `action` changes."""
+    before = self.describe(state).split("\n")
+    after = self.describe(self.step(state, action)).split("\n")
+    return "; ".join(b.rstrip(".") for a, b in zip(before, after) if a != b) or "no change"
+
 
 class TextGame:
   """A TextWorld cooking game as the agents see it: the state is the env itself (stepped in place); lookahead is
@@ -171,17 +177,29 @@ class TextGame:
   def describe(self, state) -> str:
     return textworld.describe(state.facts)
 
+  def project(self, state, action: str) -> str:
+    """No projection: the game's engine is too slow to copy per action (the lookahead marks wins and losses)."""
+    del state, action
+    return ""
+
+
+RETRIEVALS = ("prompt", "execute")
+
 
 def play_agent(world, method: str, llm, *, depth: int, max_steps: int, memory: Memory | None = None, embed=None,
-               gparams=None, threshold: float = THRESHOLD) -> dict:
+               gparams=None, threshold: float = THRESHOLD, retrieval: str = "prompt") -> dict:
   """One episode of `method` in `world` (a Kitchen or a TextGame): "llm" chooses among all valid actions;
-  "llm_lookahead" among those the lookahead does not rule out (annotated with the actions to the goal when within
-  the depth; one left is taken without a call); "gig" as llm_lookahead, but a state whose nearest remembered state
-  is within `threshold` takes the remembered action (no call), and a revisited state adds the loop warning to the
-  prompt and offers only the actions not yet tried from it (while any are left). Returns the outcome, the counts,
-  and the scene graphs and actions of the episode."""
+  "llm_lookahead" among those the lookahead does not rule out, each shown with its one-step projection
+  ("action -> what changes", `world.project`) and annotated with the actions to the goal when within the depth
+  (one left is taken without a call); "gig" as llm_lookahead, and a state whose nearest remembered state is within
+  `threshold` puts the remembered action into the prompt (`retrieval="prompt"`, the paper's; the step counts as
+  "memory" when the LLM takes it) or takes it without a call (`retrieval="execute"`, an ablation); a revisited state
+  adds the loop warning to the prompt and offers only the actions not yet tried from it (while any are left).
+  Returns the outcome, the counts, and the scene graphs and actions of the episode."""
   if method not in METHODS[:3]:
     raise ValueError(f"play_agent: method must be one of {METHODS[:3]}, found {method!r}")
+  if retrieval not in RETRIEVALS:
+    raise ValueError(f"play_agent: retrieval must be one of {RETRIEVALS}, found {retrieval!r}")
   state = world.reset()
   graphs, actions, sources, loops = [world.graph(state)], [], [], LoopDetector()
   calls, tokens = llm.calls, llm.tokens
@@ -189,20 +207,25 @@ def play_agent(world, method: str, llm, *, depth: int, max_steps: int, memory: M
     if world.success(state) or world.failed(state):
       break
     notes = [f"Your last actions: {'; '.join(actions[-3:])}."] if actions else []
-    chosen = None
+    chosen, suggested = None, None
     if method == "llm":
       options = labelled = world.actions(state)
     else:
       opts = world.lookahead(state, depth)
       allowed = [o for o in opts if o.rejected is None]
       options = [o.action for o in allowed]
-      labelled = [o.action + (f" (reaches the goal in {o.goal_in} actions)" if o.goal_in else "") for o in allowed]
+      labelled = [o.action + (f" -> {proj}" if (proj := world.project(state, o.action)) else "")
+                  + (f" (reaches the goal in {o.goal_in} actions)" if o.goal_in else "") for o in allowed]
       if method == "gig":
         key = world.key(state)
         warning = loops.visit(key, t)
         hit = memory.retrieve(embed(gparams, graphs[-1:])[0], threshold)
         if hit is not None and warning is None and hit.action in options:
-          chosen, source = hit.action, "memory"
+          if retrieval == "execute":
+            chosen, source = hit.action, "memory"
+          else:
+            suggested = hit.action
+            notes.append(f"Memory: in a similar state of a task solved before, the next action was: {hit.action}.")
         if warning:  # the loop guard: a revisited state offers the actions not yet tried from it, if any
           fresh = set(loops.untried(key, options)) or set(options)
           options, labelled = map(list, zip(*[(o, l) for o, l in zip(options, labelled) if o in fresh]))
@@ -211,11 +234,12 @@ def play_agent(world, method: str, llm, *, depth: int, max_steps: int, memory: M
     if not options:
       break
     if chosen is None and len(options) == 1 and method != "llm":
-      chosen, source = options[0], "only"
+      chosen, source = options[0], "memory" if options[0] == suggested else "only"
     if chosen is None:
       n = min(len(options), len(LABELS))
       prompt = decision_prompt(world.task, world.describe(state), labelled[:n], notes)
-      chosen, source = options[llm(prompt, options[:n])], "llm"
+      chosen = options[llm(prompt, options[:n])]
+      source = "memory" if chosen == suggested else "llm"
     if method == "gig":
       loops.took(key, chosen)
     sources.append(source)

@@ -13,14 +13,41 @@ import optax
 from experiments import registry
 from experiments._shared.chat_models import load_chat_model
 from experiments.gig import CHOOSERS, Config, cooking, textworld
+from experiments.gig import loss as loss_lib
 from experiments.gig.agents import METHODS, Kitchen, TextGame, play_agent
 from experiments.gig.planner import Memory, Planner, shortest_plan
+from experiments.runner import splits
 from jaxlab.models import gnn
+
+
+UNSEEN_SEED0 = 1000
 
 
 def _problems(cfg: Config, seeds, mode: str | None = None) -> list[cooking.Problem]:
   return [cooking.generate(s, cfg.recipes[s % len(cfg.recipes)], mode or cfg.mode, distractors=cfg.distractors)
           for s in seeds]
+
+
+def problem_text(problem: cooking.Problem) -> str:
+  """A kitchen problem's canonical text, whatever its mode: stations, goal and the initial scene in words."""
+  return json.dumps({"stations": problem.stations, "goal": repr(problem.goal),
+                     "init": cooking.describe(problem, problem.init)})
+
+
+def unseen_problems(cfg: Config, n: int, mode: str, seen: set[str]) -> list[cooking.Problem]:
+  """The first `n` problems of seeds UNSEEN_SEED0.. whose `problem_text` is not in `seen` (the training problems)."""
+  out, s = [], UNSEEN_SEED0
+  while len(out) < n:
+    p = _problems(cfg, [s], mode)[0]
+    if problem_text(p) not in seen:
+      out.append(p)
+    s += 1
+  return out
+
+
+def game_text(env) -> list[str]:
+  """A TextWorld game's canonical text, after `env.reset`: its initial facts, sorted."""
+  return sorted(textworld.key(env.facts))
 
 
 def _trace(problem):
@@ -94,7 +121,8 @@ def fit_gat(cfg: Config, gcfg: gnn.Config, graphs, lengths, more_graphs, log_pat
   rng = np.random.default_rng(cfg.seed)
   tx = optax.adam(cfg.lr)
   opt_state = tx.init(params)
-  step = gnn.make_train_step(gcfg, tx, margin=cfg.margin, uniformity_weight=cfg.uniformity_weight)
+  step = loss_lib.make_train_step(gcfg, tx, margin=cfg.margin, uniformity_weight=cfg.uniformity_weight,
+                                  uniformity=cfg.uniformity)
   b, losses = cfg.triplets, []
   with open(log_path, "w") as f:
     for i in range(cfg.steps):
@@ -131,7 +159,7 @@ def evaluate_agents(cfg: Config, env: str, worlds, upper_bounds, llm, memory: Me
              "tokens": 0, "memory_share": 0.0, "actions": list(plan or ())}
       else:
         r = play_agent(world, method, llm, depth=cfg.depth, max_steps=cfg.llm_max_steps, memory=memory,
-                       embed=embed, gparams=gparams, threshold=cfg.threshold)
+                       embed=embed, gparams=gparams, threshold=cfg.threshold, retrieval=cfg.retrieval)
         if method == "gig" and r["success"]:
           memory.add_trace(embed(gparams, r["graphs"]), r["actions"])
       runs.append(r)
@@ -148,25 +176,44 @@ def _memory(d_embed: int, z, lengths, traces) -> Memory:
   return memory
 
 
-def _kitchen_agents(cfg: Config, llm, embed, gparams, memory_of, f) -> dict:
-  """The kitchen part; `memory_of(mode)` is a fresh memory of the mode's training traces."""
+def _kitchen_agents(cfg: Config, llm, embed, gparams, memory_of, problems_of, f) -> dict:
+  """The kitchen part; `memory_of(mode)` is a fresh memory of the mode's training traces, `problems_of[mode]` the
+  mode's unseen problems."""
   res = {}
   for env in (e for e in cfg.llm_envs if e.startswith("cooking_")):
     mode = env.split("_")[1]
     memory = memory_of(mode)
-    problems = _problems(cfg, range(1000, 1000 + cfg.llm_problems), mode)
+    problems = problems_of[mode]
     plans = [[a.text for a in plan] if (plan := shortest_plan(p)) is not None else None for p in problems]
     res.update(evaluate_agents(cfg, env, lambda problems=problems: [Kitchen(p) for p in problems], plans, llm, memory,
                                embed, gparams, f))
   return res
 
 
-def _textworld_agents(cfg: Config, out_dir: str, llm, f) -> dict:
-  """The TextWorld part: walkthroughs of the training games train a GAT on fact graphs and fill the memory."""
+def _textworld_games(cfg: Config, out_dir: str) -> dict:
+  """The TextWorld games: `tw_train_games` training games (seeds 0..) and `llm_problems` unseen ones (seeds
+  UNSEEN_SEED0.., skipping any whose initial facts equal a training game's), with their canonical texts."""
   games = cfg.tw_games or os.path.join(out_dir, "textworld_games")
   env = textworld.TextWorldCooking(games, **_tw_settings(cfg))
-  graphs, lengths, traces = [], [], []
+  train = {}
   for seed in range(cfg.tw_train_games):
+    env.reset(seed)
+    train[seed] = game_text(env)
+  seen, test, s = {json.dumps(t) for t in train.values()}, {}, UNSEEN_SEED0
+  while len(test) < cfg.llm_problems:
+    env.reset(s)
+    if json.dumps(game_text(env)) not in seen:
+      test[s] = game_text(env)
+    s += 1
+  return {"dir": games, "train": train, "test": test}
+
+
+def _textworld_agents(cfg: Config, games: dict, out_dir: str, llm, f) -> dict:
+  """The TextWorld part (`games` from `_textworld_games`): walkthroughs of the training games train a GAT on fact
+  graphs and fill the memory; the agents play the unseen games."""
+  env = textworld.TextWorldCooking(games["dir"], **_tw_settings(cfg))
+  graphs, lengths, traces = [], [], []
+  for seed in games["train"]:
     env.reset(seed)
     walk, trace = list(env.walkthrough), [textworld.scene_graph(env.facts)]
     for a in walk:
@@ -179,7 +226,7 @@ def _textworld_agents(cfg: Config, out_dir: str, llm, f) -> dict:
     traces.append((trace, walk))
   gcfg = dataclasses.replace(gnn.PRESETS[cfg.model], node_features=textworld.NODE_FEATURES,
                              edge_features=textworld.EDGE_FEATURES)
-  seeds = range(1000, 1000 + cfg.llm_problems)
+  seeds = list(games["test"])
   test = []
   for s in seeds:
     env.reset(s)
@@ -187,7 +234,8 @@ def _textworld_agents(cfg: Config, out_dir: str, llm, f) -> dict:
   params, embed, losses = fit_gat(cfg, gcfg, graphs, lengths, [g for g, _ in test],
                                   os.path.join(out_dir, "metrics_textworld.jsonl"))
   memory = _memory(gcfg.d_embed, embed(params, graphs), lengths, traces)
-  worlds = lambda: [TextGame(textworld.TextWorldCooking(games, **_tw_settings(cfg)), s) for s in seeds]  # noqa: E731
+  worlds = lambda: [TextGame(textworld.TextWorldCooking(games["dir"], **_tw_settings(cfg)), s)  # noqa: E731
+                    for s in seeds]
   res = evaluate_agents(cfg, "textworld", worlds, [w for _, w in test], llm, memory, embed, params, f)
   res["textworld.gat_loss.first"], res["textworld.gat_loss.last"] = losses[0], losses[-1]
   return res
@@ -199,7 +247,18 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   modes = list(dict.fromkeys([cfg.mode] + modes))  # the GAT trains on every mode played, cfg.mode's traces first
   by_mode = {m: _problems(cfg, range(cfg.train_problems), m) for m in modes}
   train, train_all = by_mode[cfg.mode], [p for m in modes for p in by_mode[m]]
-  test = _problems(cfg, range(1000, 1000 + cfg.test_problems))
+  seen = {problem_text(p) for p in train_all}
+  test = unseen_problems(cfg, cfg.test_problems, cfg.mode, seen)
+  agents = {m: unseen_problems(cfg, cfg.llm_problems, m, seen) for m in modes if f"cooking_{m}" in cfg.llm_envs} \
+      if cfg.llm else {}
+  games = _textworld_games(cfg, out_dir) if cfg.llm and "textworld" in cfg.llm_envs else None
+  # train: the problems whose traces train the GAT and fill the memory (the "seen" check replays them, a validation
+  # check, not an evaluation split); test: the unseen problems the claims score
+  split = {"train": {"problems": [problem_text(p) for p in train_all]},
+           "test": {"problems": [problem_text(p) for p in test + [q for ps in agents.values() for q in ps]]}}
+  if games:
+    split["train"]["games"], split["test"]["games"] = list(games["train"].values()), list(games["test"].values())
+  splits.record(out_dir, "gig", split)
   traces = {"train": [_trace(p) for p in train_all], "test": [_trace(p) for p in test]}
   graphs = {k: [cooking.scene_graph(p, s) for p, (states, _) in zip(ps, traces[k]) for s in states]
             for k, ps in (("train", train_all), ("test", test))}
@@ -235,9 +294,9 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     mcfg, lparams, tok = load_chat_model(cfg.llm)
     llm = CHOOSERS[cfg.chooser](mcfg, lparams, tok)
     with open(os.path.join(out_dir, "episodes.jsonl"), "w") as f:
-      res.update(_kitchen_agents(cfg, llm, embed, params, memory_of, f))
-      if "textworld" in cfg.llm_envs:
-        res.update(_textworld_agents(cfg, out_dir, llm, f))
+      res.update(_kitchen_agents(cfg, llm, embed, params, memory_of, agents, f))
+      if games:
+        res.update(_textworld_agents(cfg, games, out_dir, llm, f))
   if losses:
     registry.plot_curves(os.path.join(out_dir, "loss.png"), {"triplet + uniformity": (list(range(len(losses))),
                                                                                        losses)},

@@ -8,9 +8,11 @@ a caption (notes: the objects' attribute words; patch grid: one attribute word p
 textual analogue of image tokens) and carry no loss on the prefix: the LM learns to read it, as a VLM's LM reads
 image tokens, but is never trained to predict it, so, as in real VLMs, the LM head's next-token predictions at
 visual positions are not trained towards describing the image. The LatentLens index runs the same frozen LM over
-fresh texts of every style (other scenes than the evaluated ones; no image tokens) and stores every hidden state
-0 .. L (`default_index_layers`). Every LM layer's visual tokens (0 = the connector's outputs, L = the final-normed
-output) are described by their top-5 tokens under each lens.
+fresh texts of every style (no text about an evaluated scene; no image tokens) and stores the paper's layers
+{1, 2, 4, 8, 16, 24, L-2, L-1} that the LM has (`default_index_layers`; (1, 2) for the cpu LM's L = 3). The visual
+tokens at the paper's judged layers [0, 1, 2, 4, 8, 16, 24, L-2, L-1] (`default_judged_layers`; 0 = the connector's
+outputs) are described by their top-5 tokens under each lens. The evaluated scenes are none of those the ViT and
+the connector trained on.
 
 What is judged: one judge, applied identically to the three lenses, sees only the five description tokens (for
 LatentLens: the neighbours' tokens, duplicates included, without their contexts). A visual token is
@@ -60,7 +62,8 @@ class Config:
   index_texts: int = 100
   max_contexts: int = 20
   index_dtype: lenses.StorageDType = "bfloat16"
-  index_layers: tuple[int, ...] | None = None  # None: every hidden state, 0 .. L
+  index_layers: tuple[int, ...] | None = None  # None: the paper's {1, 2, 4, 8, 16, 24, L-2, L-1} within 0 .. L-1
+  judged_layers: tuple[int, ...] | None = None  # None: the paper's [0, 1, 2, 4, 8, 16, 24, L-2, L-1] within 0 .. L-1
   top_k: int = 5
   eval_batch: int = 8
   seed: int = 0
@@ -80,6 +83,10 @@ class Config:
     if self.index_dtype not in lenses.DTYPES:
       raise ValueError(f"latentlens.Config: index_dtype must be one of {sorted(lenses.DTYPES)}, found "
                        f"{self.index_dtype!r}")
+    for name in ("index_layers", "judged_layers"):
+      v = getattr(self, name)
+      if v is not None and (not v or min(v) < 0 or list(v) != sorted(set(v))):
+        raise ValueError(f"latentlens.Config: {name} must be None or increasing distinct layers >= 0, found {v}")
 
 
 PRESETS = {
@@ -105,7 +112,7 @@ registry.register(registry.Experiment(
     resume_may_change=("eval_batch", "judge"), seed_key=("seed", "train.seed"),
     results=("interpretable.<lens>.layer<l>", "interpretable.<lens>.mean", "latentlens_over_logitlens",
              "latentlens_above_logitlens_every_layer", "visual_token_norm.layer<l>", "text_embedding_norm",
-             "index_layers", "index_rows", "visual_tokens",
+             "index_layers", "judged_layers", "index_rows", "visual_tokens",
              # the cpu pipeline's scenes only: captioning, training losses, object patches, chance
              "caption_attribute_accuracy?", "caption_accuracy.<attribute>?", "final_loss.<stage>?",
              "interpretable.random.mean?", "interpretable_object.<lens>.mean?", "interpretable_object.<lens>.layer<l>?",

@@ -79,11 +79,14 @@ def visual_states(params, cfg: vlm.Config, tokens_T: Sequence[int], pixels_BHWC,
   return np.concatenate(out, axis=1)
 
 
-def lens_ids(lm_params, text_cfg: tfm.Config, hs_LNPD, index: lenses.LatentIndex, k: int):
-  """Top-k token ids [L+1, N, P, k] of each lens for the visual tokens' hidden states, and LatentLens's
-  `Neighbors` (layers, contexts)."""
+def lens_ids(lm_params, text_cfg: tfm.Config, hs_LNPD, index: lenses.LatentIndex, k: int,
+             layers: Sequence[int] | None = None):
+  """Top-k token ids [len(layers), N, P, k] of each lens for the visual tokens' hidden states at `layers` (of the
+  L+1 in `hs_LNPD`; None: all), and LatentLens's `Neighbors` (layers, contexts)."""
+  sel = list(range(len(hs_LNPD)) if layers is None else layers)
   hs = jnp.asarray(hs_LNPD)
-  logit = lenses.LogitLens.from_tfm(lm_params, text_cfg).over_layers(hs, k)[1]
+  logit = lenses.LogitLens.from_tfm(lm_params, text_cfg).over_layers(hs, k)[1][jnp.asarray(sel)]
+  hs = hs[jnp.asarray(sel)]
   emb = lenses.EmbeddingLens.from_tfm(lm_params).topk(hs, k)[1]
   nb = lenses.LatentLens(index).search(hs, k)
   ids = {"latentlens": np.asarray(nb.token_id), "logitlens": np.asarray(logit), "embeddinglens": np.asarray(emb)}
@@ -91,18 +94,21 @@ def lens_ids(lm_params, text_cfg: tfm.Config, hs_LNPD, index: lenses.LatentIndex
 
 
 def judge_layers(ids: dict, vocab: Sequence[str], images, grid: int, judge: judge_lib.Judge[JudgeItem],
-                 patches=None) -> dict:
-  """{lens: [L+1] share of judged visual tokens interpretable}, plus the per-token verdicts {lens: [L+1, N, P]}.
+                 patches=None, layers: Sequence[int] | None = None) -> dict:
+  """{lens: [n_l] share of judged visual tokens interpretable}, plus the per-token verdicts {lens: [n_l, N, P]},
+  for `ids` {lens: [n_l, N, P, k]}.
 
   Args:
     patches: [N, m] patch indices to judge per image (None: all).
+    layers: the LM layer of each of the n_l rows, as the judge sees it (None: 0 .. n_l-1).
   """
   words = np.asarray(vocab, dtype=object)
   shares, verdicts = {}, {}
   for lens, a in ids.items():
     n_l, n, p, _ = a.shape
     sel = np.broadcast_to(np.arange(p), (n, p)) if patches is None else np.asarray(patches)
-    items = [JudgeItem(i, images[i], int(q), grid, lens, l, tuple(words[a[l, i, q]]))
+    items = [JudgeItem(i, images[i], int(q), grid, lens, l if layers is None else int(layers[l]),
+                       tuple(words[a[l, i, q]]))
              for l in range(n_l) for i in range(n) for q in sel[i]]
     ok = np.asarray(list(judge(items)), bool)
     if ok.shape != (len(items),):
@@ -135,13 +141,13 @@ def _full_inputs(cfg: Config, art: pipe.Artifacts):
   return images, pipe.normalize(images, cfg.image_mean, cfg.image_std), prompt, texts, files
 
 
-def _plot(path, shares: dict, chance_share: float | None):
+def _plot(path, shares: dict, chance_share: float | None, layers: Sequence[int]):
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
   for lens, v in shares.items():
-    ax.plot(range(len(v)), 100 * np.asarray(v), marker="o", label=lens)
+    ax.plot(layers, 100 * np.asarray(v), marker="o", label=lens)
   if chance_share is not None:
     ax.axhline(100 * chance_share, color="gray", ls="--", label="random words")
   ax.set_xlabel("LM layer (0 = input embeddings)")
@@ -154,14 +160,21 @@ def _plot(path, shares: dict, chance_share: float | None):
   plt.close(fig)
 
 
-def _scene_inputs(cfg: Config, art: pipe.Artifacts, res: dict):
-  """cpu pipeline: evaluation scenes, prompt, index texts, judge; adds the captioning accuracies to `res`."""
+def scene_data(cfg: Config, sc_cfg: scenes_lib.SceneConfig):
+  """cpu pipeline: (judged scenes, index texts, the VLM's training captions), pairwise about different scenes."""
+  train_captions = pipe.training_captions(cfg.train, sc_cfg)
+  scenes = pipe.disjoint_scenes(cfg.n_eval_scenes, sc_cfg, cfg.seed + 3, train_captions)
+  return scenes, index_texts(cfg.index_texts, sc_cfg, cfg.seed + 4, cfg.index_styles, scenes.captions), train_captions
+
+
+def _scene_inputs(cfg: Config, art: pipe.Artifacts, res: dict, data=None):
+  """cpu pipeline: evaluation scenes, prompt, index texts, judge; adds the captioning accuracies to `res`.
+  `data`: `scene_data`'s answer where already drawn."""
   sc_cfg = art.scenes or cfg.train.scenes
-  scenes = scenes_lib.generate(cfg.n_eval_scenes, sc_cfg, seed=cfg.seed + 3)
+  scenes, texts, _ = scene_data(cfg, sc_cfg) if data is None else data
   pixels = pipe.normalize(scenes.images)
   tok = art.tokenizer
   prompt = [tok.bos_id] + [art.cfg.image_token_id] * art.cfg.tokens_per_image
-  texts = scenes_lib.text_corpus(cfg.index_texts, sc_cfg, seed=cfg.seed + 4, styles=cfg.index_styles)
   batch = dict(pipe.caption_batch(scenes, tok, art.cfg), pixels=pixels)
   vocab = pipe.token_strings(tok, art.cfg.text.vocab_size)
   res["caption_attribute_accuracy"], per = pipe.attribute_accuracy(art.params, art.cfg, batch, vocab)
@@ -173,27 +186,97 @@ def _scene_inputs(cfg: Config, art: pipe.Artifacts, res: dict):
   return scenes, pixels, prompt, texts, GroundTruthJudge(scenes)
 
 
+PAPER_INDEX_LAYERS = (1, 2, 4, 8, 16, 24)  # and L-2, L-1 (reproduce/step2_extract_contextual.sh)
+PAPER_JUDGED_LAYERS = (0, 1, 2, 4, 8, 16, 24)  # and L-2, L-1 (reproduce/step3_run_analysis.sh)
+
+
+def _paper_layers(fixed: Sequence[int], n_layers: int) -> tuple[int, ...]:
+  """`fixed` and L-2, L-1, kept in 0 .. L-1 (the paper neither stores nor judges the final-normed output L),
+  deduplicated, increasing."""
+  return tuple(sorted({l for l in (*fixed, n_layers - 2, n_layers - 1) if 0 <= l <= n_layers - 1}))
+
+
 def default_index_layers(n_layers: int) -> tuple[int, ...]:
-  """Every hidden state 0 .. L (the paper stores 8 layers of 28-32-layer LMs, up to L-1; a 3-layer LM has
-  too few to choose from, and its visual tokens at the output layer L find no match below it)."""
-  return tuple(range(n_layers + 1))
+  """The paper's index layers {1, 2, 4, 8, 16, 24, L-2, L-1} of an `n_layers`-layer LM (HF convention)."""
+  return _paper_layers(PAPER_INDEX_LAYERS, n_layers)
+
+
+def default_judged_layers(n_layers: int) -> tuple[int, ...]:
+  """The paper's judged visual layers [0, 1, 2, 4, 8, 16, 24, L-2, L-1] of an `n_layers`-layer LM."""
+  return _paper_layers(PAPER_JUDGED_LAYERS, n_layers)
+
+
+def text_scene(text: str) -> str | None:
+  """The caption of the scene a `scenes_lib.text_corpus` text describes (styles 0, 2 and 3 end with it; style 1's
+  sentences are put back in the caption's reading order), else None (style 4)."""
+  caption = text.rpartition(" , ")[2]
+  if caption.startswith("a ") and caption.endswith(" background ."):
+    return caption
+  objs, bg = [], None
+  for sent in text.split(" ."):
+    w = sent.split()
+    if w[:3] == ["the", "background", "is"] and len(w) == 4:
+      bg = w[3]
+    elif w[:2] == ["there", "is"] and len(w) == 9:  # there is a C S at the R K
+      objs.append((w[3], w[4], w[8], w[7]))
+    elif w[:1] == ["the"] and len(w) == 8 and w[6] == "is":  # the S at the R K is C
+      objs.append((w[7], w[1], w[5], w[4]))
+    elif w:
+      return None
+  if bg is None or not objs or any(o[2] not in scenes_lib.COLS or o[3] not in scenes_lib.ROWS for o in objs):
+    return None
+  objs.sort(key=lambda o: (scenes_lib.ROWS.index(o[3]), scenes_lib.COLS.index(o[2])))
+  return scenes_lib.caption([scenes_lib.Obj(c, sh, scenes_lib.ROWS.index(r), scenes_lib.COLS.index(k), (0, 0, 0))
+                             for c, sh, k, r in objs], bg)
+
+
+def _sha256(path: str) -> str:
+  import hashlib
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def index_texts(n: int, sc_cfg: scenes_lib.SceneConfig, seed: int, styles, judged_captions) -> list[str]:
+  """`scenes_lib.text_corpus(n, sc_cfg, seed, styles)` less the texts about a judged scene (the caption they
+  carry is a judged image's)."""
+  judged = set(judged_captions)
+  return [t for t in scenes_lib.text_corpus(n, sc_cfg, seed=seed, styles=styles) if text_scene(t) not in judged]
+
+
+def record_splits(out_dir: str, scenes, texts, train_captions=(), images=None) -> dict:
+  """Records what the index and the VLM's training saw (`train`) against the judged images (`test`). cpu: scenes
+  as their captions (the index texts' and the connector's training scenes vs the judged ones); full: the corpus
+  lines vs the judged image files' sha256."""
+  from experiments.runner import splits
+  if scenes is not None:
+    return splits.record(out_dir, "latentlens", {
+        "train": {"scenes": list(train_captions) + [c for c in map(text_scene, texts) if c is not None]},
+        "test": {"scenes": list(scenes.captions)}})
+  return splits.record(out_dir, "latentlens", {"train": {"texts": list(texts)}, "test": {"images": list(images)}})
 
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   os.makedirs(out_dir, exist_ok=True)
   res = {}
   if cfg.vlm_path is None:
+    data = scene_data(cfg, cfg.train.scenes)  # the scenes train_vlm trains with
+    record_splits(out_dir, data[0], data[1], data[2])
     art = pipe.train_vlm(cfg.train, out_dir, resume)
-    scenes, pixels, prompt, texts, judge = _scene_inputs(cfg, art, res)
+    scenes, pixels, prompt, texts, judge = _scene_inputs(cfg, art, res, data if art.scenes in (None, cfg.train.scenes)
+                                                         else None)
     images, patches = scenes.images, None
   else:
     judge = judge_lib.load(cfg.judge, "the full preset (an LLM judge of patch descriptions)")
     art = pipe.load_checkpoint(cfg.vlm_path)
-    images, pixels, prompt, texts, _ = _full_inputs(cfg, art)
+    images, pixels, prompt, texts, files = _full_inputs(cfg, art)
+    record_splits(out_dir, None, texts, images=[_sha256(os.path.join(cfg.images_path, f)) for f in files])
     scenes, patches = None, "sample"
   tok, tcfg, vc = art.tokenizer, art.cfg.text, art.cfg.vision
   vocab = pipe.token_strings(tok, tcfg.vocab_size)
   layers = cfg.index_layers if cfg.index_layers is not None else default_index_layers(tcfg.n_layers)
+  judged = cfg.judged_layers if cfg.judged_layers is not None else default_judged_layers(tcfg.n_layers)
+  if max(judged) > tcfg.n_layers or max(layers) > tcfg.n_layers:
+    raise ValueError(f"index_layers {layers} and judged_layers {judged} must be <= the LM's {tcfg.n_layers} layers")
   corpus = [tok.encode(t, add_bos=tok.bos_id is not None) for t in texts]
   index = lenses.build_index(lenses.tfm_hidden_fn(art.params["lm"], tcfg), corpus, layers,
                              max_contexts=cfg.max_contexts, seed=cfg.seed, dtype=cfg.index_dtype,
@@ -205,11 +288,11 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     rng = np.random.default_rng(cfg.seed)
     m = min(cfg.full_patches_per_image, vc.n_patches)
     patches = np.stack([rng.choice(vc.n_patches, size=m, replace=False) for _ in images])
-  ids, nb = lens_ids(art.params["lm"], tcfg, hs, index, cfg.top_k)
-  out = judge_layers(ids, vocab, images, vc.grid, judge, patches)
+  ids, nb = lens_ids(art.params["lm"], tcfg, hs, index, cfg.top_k, judged)
+  out = judge_layers(ids, vocab, images, vc.grid, judge, patches, judged)
   shares = out["shares"]
   for lens in LENSES:
-    for l, v in enumerate(shares[lens]):
+    for l, v in zip(judged, shares[lens]):
       res[f"interpretable.{lens}.layer{l}"] = float(v)
     res[f"interpretable.{lens}.mean"] = float(np.mean(shares[lens]))
   chance_share = None
@@ -218,17 +301,18 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     chance_share = chance(scenes, len(words), cfg.top_k)
     res["interpretable.random.mean"] = chance_share
     obj = scenes.patch_object >= 0
-    strict = judge_layers(ids, vocab, images, vc.grid, GroundTruthJudge(scenes, generic=False), patches)
+    strict = judge_layers(ids, vocab, images, vc.grid, GroundTruthJudge(scenes, generic=False), patches, judged)
     for lens in LENSES:
       v = out["verdicts"][lens]
       res[f"interpretable_object.{lens}.mean"] = float(v[:, obj].mean())
       res[f"interpretable_background.{lens}.mean"] = float(v[:, ~obj].mean())
       res[f"interpretable_specific.{lens}.mean"] = float(strict["shares"][lens].mean())
-      for l in range(len(v)):
-        res[f"interpretable_object.{lens}.layer{l}"] = float(v[l][obj].mean())
-        res[f"interpretable_specific.{lens}.layer{l}"] = float(strict["shares"][lens][l])
+      for j, l in enumerate(judged):
+        res[f"interpretable_object.{lens}.layer{l}"] = float(v[j][obj].mean())
+        res[f"interpretable_specific.{lens}.layer{l}"] = float(strict["shares"][lens][j])
     res["object_patch_share"] = float(obj.mean())
-    top1 = judge_layers({k: v[..., :1] for k, v in ids.items()}, vocab, images, vc.grid, judge, patches)["shares"]
+    top1 = judge_layers({k: v[..., :1] for k, v in ids.items()}, vocab, images, vc.grid, judge, patches,
+                        judged)["shares"]
     for lens in LENSES:
       res[f"interpretable_top1.{lens}.mean"] = float(np.mean(top1[lens]))
   lat, log = shares["latentlens"], shares["logitlens"]
@@ -241,25 +325,27 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   res["text_embedding_norm"] = float(np.linalg.norm(np.asarray(art.params["lm"]["embed"]["embedding"],
                                                                np.float32)[:tok.vocab_size], axis=-1).mean())
   res["index_layers"] = ",".join(map(str, layers))
+  res["judged_layers"] = ",".join(map(str, judged))
   res["index_rows"] = int(index.vectors.shape[1])
   res["visual_tokens"] = int(hs.shape[1] * hs.shape[2])
   if jax.process_index() == 0:
-    _plot(os.path.join(out_dir, "interpretable.png"), shares, chance_share)
-    _table(os.path.join(out_dir, "table.md"), shares, res if scenes is not None else None)
-    _write_examples(os.path.join(out_dir, "examples.json"), ids, nb, corpus, vocab, scenes, patches)
+    _plot(os.path.join(out_dir, "interpretable.png"), shares, chance_share, judged)
+    _table(os.path.join(out_dir, "table.md"), shares, judged, res if scenes is not None else None)
+    _write_examples(os.path.join(out_dir, "examples.json"), ids, nb, corpus, vocab, scenes, patches, judged)
   return res
 
 
-def _table(path, shares, res=None):
-  """Markdown tables: all judged patches; with `res` (cpu preset) also object patches and the specific judge."""
+def _table(path, shares, layers, res=None):
+  """Markdown tables over the judged `layers`: all judged patches; with `res` (cpu preset) also object patches and
+  the specific judge."""
   def table(title, get):
     rows = [title, "", "| layer | " + " | ".join(LENSES) + " |", "|---" * (len(LENSES) + 1) + "|"]
-    for l in range(len(shares[LENSES[0]])):
+    for l in layers:
       rows.append(f"| {l} | " + " | ".join(f"{100 * get(n, l):.1f}" for n in LENSES) + " |")
-    rows.append("| mean | " + " | ".join(f"{100 * np.mean([get(n, l) for l in range(len(shares[n]))]):.1f}"
-                                        for n in LENSES) + " |")
+    rows.append("| mean | " + " | ".join(f"{100 * np.mean([get(n, l) for l in layers]):.1f}" for n in LENSES) + " |")
     return "\n".join(rows) + "\n"
-  text = table("% of visual tokens whose top-5 descriptions are judged interpretable", lambda n, l: shares[n][l])
+  text = table("% of visual tokens whose top-5 descriptions are judged interpretable",
+               lambda n, l: shares[n][list(layers).index(l)])
   if res is not None:
     text += "\n" + table("Object patches only", lambda n, l: res[f"interpretable_object.{n}.layer{l}"])
     text += "\n" + table("Specific judge (background patches need the background's colour word)",
@@ -268,7 +354,7 @@ def _table(path, shares, res=None):
     f.write(text)
 
 
-def _write_examples(path, ids, nb, corpus, vocab, scenes, patches, n_images: int = 4):
+def _write_examples(path, ids, nb, corpus, vocab, scenes, patches, layers, n_images: int = 4):
   """The first images' descriptions per lens and layer; LatentLens neighbours with their layer and context."""
   words = np.asarray(vocab, dtype=object)
   ex = []
@@ -279,9 +365,9 @@ def _write_examples(path, ids, nb, corpus, vocab, scenes, patches, n_images: int
       if scenes is not None:
         e["truth"] = sorted(scenes_lib.truth_words(scenes, i, int(q)))
       for lens, a in ids.items():
-        e[lens] = {f"layer{l}": list(words[a[l, i, q]]) for l in range(n_l)}
+        e[lens] = {f"layer{layers[l]}": list(words[a[l, i, q]]) for l in range(n_l)}
       e["latentlens_contexts"] = {
-          f"layer{l}": [f"[L{int(nb.layer[l, i, q, j])}] " + " ".join(
+          f"layer{layers[l]}": [f"[L{int(nb.layer[l, i, q, j])}] " + " ".join(
               list(words[corpus[int(nb.context[l, i, q, j])][:int(nb.position[l, i, q, j])]]) + [f"*{words[a]}*"])
               for j, a in enumerate(ids["latentlens"][l, i, q])]
           for l in range(n_l)}

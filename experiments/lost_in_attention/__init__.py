@@ -85,4 +85,9 @@ registry.register(registry.Experiment(
               "RID attention 0.06 vs FFN 0.21", "{rid.attention} < {rid.ffn}"),
         Claim("mixig", "attention updates mix tokens far more than FFN updates (MixIG)",
               "MixIG attention 0.61 vs FFN 0.02", "{mixig.attention} > {mixig.ffn}"),
+        Claim("noise", "replacing every layer's attention update with Gaussian noise (NoiseDelta) does as well as the "
+              "unmodified model or better",
+              "as well or better on most benchmarks (abstract)", "{accuracy.noise_delta} >= {accuracy.none}",
+              measurable="{accuracy.none} > 0",
+              why="the unmodified model gets no scored token right, so no intervention can do worse"),
     )))

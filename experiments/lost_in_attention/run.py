@@ -11,6 +11,7 @@ import numpy as np
 
 from experiments import registry
 from experiments._shared import vlm_pipeline as pipe
+from experiments.runner import splits
 from jaxlab.data.tasks import scenes as scenes_lib
 from experiments.lost_in_attention import geometry
 from jaxlab.models import vlm
@@ -18,8 +19,25 @@ from jaxlab.train import metrics as metrics_lib
 from experiments.lost_in_attention import Config, IMAGE_MEAN, IMAGE_STD, INTERVENTIONS, MODULES
 
 
-def _scene_data(cfg: Config, art: pipe.Artifacts):
-  sc = scenes_lib.generate(cfg.n_eval_scenes, art.scenes or cfg.train.scenes, seed=cfg.seed + 5)
+def eval_scenes(cfg: Config, sc_cfg: scenes_lib.SceneConfig) -> scenes_lib.Scenes:
+  """The evaluated scenes: `n_eval_scenes` drawn with seed `seed + 5`, none of those the VLM trained on."""
+  return pipe.disjoint_scenes(cfg.n_eval_scenes, sc_cfg, cfg.seed + 5,
+                              pipe.training_captions(cfg.train, sc_cfg))
+
+
+def record_splits(out_dir: str, train_captions, test_captions, images=None) -> dict:
+  """Records the evaluated items (`test`): with `images` (full preset: the image files' sha256) captions and images,
+  the checkpoint's training data unknown; else the scenes as their captions, against the VLM's training scenes
+  (`train`)."""
+  if images is not None:
+    return splits.record(out_dir, "lost_in_attention", {"test": {"captions": list(test_captions),
+                                                                 "images": list(images)}})
+  return splits.record(out_dir, "lost_in_attention", {"train": {"scenes": list(train_captions)},
+                                                      "test": {"scenes": list(test_captions)}})
+
+
+def _scene_data(cfg: Config, art: pipe.Artifacts, sc: scenes_lib.Scenes | None = None):
+  sc = eval_scenes(cfg, art.scenes or cfg.train.scenes) if sc is None else sc
   batch = dict(pipe.caption_batch(sc, art.tokenizer, art.cfg), pixels=pipe.normalize(sc.images))
   vocab = pipe.token_strings(art.tokenizer, art.cfg.text.vocab_size)
   attr = np.isin(np.asarray(vocab, dtype=object)[batch["targets"]], list(pipe.ATTRIBUTE_WORDS))
@@ -27,13 +45,19 @@ def _scene_data(cfg: Config, art: pipe.Artifacts):
   return batch
 
 
-def _full_data(cfg: Config, art: pipe.Artifacts):
-  from PIL import Image
+def _full_rows(cfg: Config) -> list[dict]:
+  """The first `n_eval_scenes` rows of the captions file."""
   if not cfg.captions_path or not os.path.isfile(cfg.captions_path):
     raise ValueError(f"the full preset needs captions_path: an existing JSON-lines file of {{image, caption}}, "
                      f"found {cfg.captions_path!r}")
   with open(cfg.captions_path) as f:
-    rows = [json.loads(line) for line in f if line.strip()][:cfg.n_eval_scenes]
+    return [json.loads(line) for line in f if line.strip()][:cfg.n_eval_scenes]
+
+
+def _full_data(cfg: Config, art: pipe.Artifacts, rows: list[dict] | None = None):
+  """The full preset's batch from `rows` (default `_full_rows(cfg)`)."""
+  from PIL import Image
+  rows = _full_rows(cfg) if rows is None else rows
   base = os.path.dirname(os.path.abspath(cfg.captions_path))
   if not rows:
     raise ValueError(f"{cfg.captions_path}: no rows")
@@ -58,6 +82,12 @@ def _full_data(cfg: Config, art: pipe.Artifacts):
     mask[i, len(head) - 1:len(q) - 1] = 1
   return {"inputs": inputs, "targets": targets, "loss_mask": mask, "score_mask": mask,
           "pixels": pipe.normalize(images, IMAGE_MEAN, IMAGE_STD)}
+
+
+def _sha256(path: str) -> str:
+  import hashlib
+  with open(path, "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()
 
 
 def _trained(cfg: Config, out_dir: str, resume: bool):
@@ -149,8 +179,17 @@ def _plots(out_dir: str, geo: dict, acc_layers: dict, acc: dict):
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   os.makedirs(out_dir, exist_ok=True)
+  if cfg.vlm_path is None:
+    sc = eval_scenes(cfg, cfg.train.scenes)  # the scenes the reused or trained VLM trains with
+    record_splits(out_dir, pipe.training_captions(cfg.train, cfg.train.scenes), sc.captions)
   art, origin = _trained(cfg, out_dir, resume)
-  batch = _full_data(cfg, art) if cfg.vlm_path is not None else _scene_data(cfg, art)
+  if cfg.vlm_path is not None:
+    rows = _full_rows(cfg)
+    batch = _full_data(cfg, art, rows)
+    base = os.path.dirname(os.path.abspath(cfg.captions_path))
+    record_splits(out_dir, None, [r["caption"] for r in rows], [_sha256(os.path.join(base, r["image"])) for r in rows])
+  else:
+    batch = _scene_data(cfg, art, sc if art.scenes in (None, cfg.train.scenes) else None)
   n_layers = art.cfg.text.n_layers
   res = {"vlm": origin}
   geo = geometry_metrics(art, batch, cfg.eval_batch)

@@ -29,6 +29,7 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 class Split(NamedTuple):
   questions: list  # rad.Question
   pixels: np.ndarray  # [N scenes, H, W, C], normalized; question.scene indexes it
+  captions: tuple = ()  # generated scenes: each scene's caption (its identity in splits.json)
 
 
 def text(steps: Sequence[str]) -> str:
@@ -41,14 +42,37 @@ def mislead(questions: Sequence[rad.Question], seed: int) -> list[rad.Question]:
   return [q._replace(hint=rad.wrong_answer(q.kind, q.answer, rng)) for q in questions]
 
 
-def scene_splits(cfg, scene_cfg: scenes_lib.SceneConfig) -> tuple[Split, Split, Split]:
-  """(train with a wrong, a right or no hint per question, test, test with wrong hints) over fresh scenes."""
+def scene_splits(cfg, scene_cfg: scenes_lib.SceneConfig, exclude: Sequence[str] = ()) -> tuple[Split, Split, Split]:
+  """(train with a wrong, a right or no hint per question, test, test with wrong hints) over fresh scenes; no test
+  scene is a training scene or one of `exclude` (captions, e.g. the scenes the VLM trained on)."""
+  from experiments._shared.vlm_pipeline import disjoint_scenes
   train_sc = scenes_lib.generate(cfg.n_train_scenes, scene_cfg, seed=cfg.seed + 101)
-  test_sc = scenes_lib.generate(cfg.n_test_scenes, scene_cfg, seed=cfg.seed + 202)
+  test_sc = disjoint_scenes(cfg.n_test_scenes, scene_cfg, cfg.seed + 202, [*train_sc.captions, *exclude])
   train = rad.generate(train_sc, cfg.rad, cfg.seed + 1, "train", scene_cfg)
   test = rad.generate(test_sc, cfg.rad, cfg.seed + 2, "none", scene_cfg)
-  return (Split(train, pipe.normalize(train_sc.images)), Split(test, pipe.normalize(test_sc.images)),
-          Split(mislead(test, cfg.seed + 3), pipe.normalize(test_sc.images)))
+  train_c, test_c = tuple(train_sc.captions), tuple(test_sc.captions)
+  return (Split(train, pipe.normalize(train_sc.images), train_c), Split(test, pipe.normalize(test_sc.images), test_c),
+          Split(mislead(test, cfg.seed + 3), pipe.normalize(test_sc.images), test_c))
+
+
+def split_items(split: Split, image_ids: Sequence[str] | None = None) -> dict:
+  """What splits.json records of a split: its scenes (captions) or images (`image_ids`, one per question's
+  `scene` index), and its questions as {scene or image, question text without its hint}."""
+  ids = list(split.captions) if image_ids is None else list(image_ids)
+  kind = "scenes" if image_ids is None else "images"
+  return {kind: ids, "questions": [{kind[:-1]: ids[q.scene], "question": q.words} for q in split.questions]}
+
+
+def image_ids(path: str) -> list[str]:
+  """The sha256 of each row's image file of a RAD JSON-lines file (rows as `load_jsonl` reads them)."""
+  import hashlib
+  base, out = os.path.dirname(os.path.abspath(path)), []
+  with open(path) as f:
+    for line in f:
+      if line.strip():
+        with open(os.path.join(base, json.loads(line)["image"]), "rb") as im:
+          out.append(hashlib.sha256(im.read()).hexdigest())
+  return out
 
 
 def load_jsonl(path: str | None, cfg: vlm.Config) -> Split:

@@ -10,6 +10,7 @@ import numpy as np
 
 from experiments._shared import recipes, vlm_pipeline as pipe
 from experiments.mind import data as data_lib, rad
+from experiments.runner import splits
 from jaxlab import losses
 from jaxlab.data import load_tokenizer
 from jaxlab.data.tasks import scenes as scenes_lib
@@ -74,8 +75,32 @@ def _accuracy(preds, answers) -> float:
   return float(np.mean([p == a for p, a in zip(preds, answers)])) if answers else 0.0
 
 
+def vlm_training_captions(cfg: Config) -> list[str]:
+  """The scenes (captions) the scene VLM trained on before MIND's training: none for a random or a checkpoint VLM."""
+  if cfg.vlm_path is not None or not cfg.pretrained:
+    return []
+  from experiments._shared.vlm_pipeline import training_captions
+  return training_captions(cfg.train, cfg.train.scenes)
+
+
+def record_splits(out_dir: str, train_q, test_q, test_mis, vlm_captions=(), ids=None) -> dict:
+  """Records the training questions and scenes (with the VLM's own training scenes) as `train`, the test ones as
+  `test` and `misleading`; `ids` (full preset): the image ids of (train, test)."""
+  train = data_lib.split_items(train_q, None if ids is None else ids[0])
+  if vlm_captions:
+    train["scenes"] = list(train["scenes"]) + list(vlm_captions)
+  out = {"train": train, "test": data_lib.split_items(test_q, None if ids is None else ids[1])}
+  if test_mis is not None:
+    out["misleading"] = data_lib.split_items(test_mis, None if ids is None else ids[1])
+  return splits.record(out_dir, "mind", out)
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   os.makedirs(out_dir, exist_ok=True)
+  if cfg.vlm_path is None:  # the scenes the reused, trained or random VLM has
+    seen = vlm_training_captions(cfg)
+    drawn = data_lib.scene_splits(cfg, cfg.train.scenes, seen)
+    record_splits(out_dir, *drawn, seen)
   art, origin = _vlm(cfg, out_dir, resume)
   if cfg.vlm_path is not None:
     enc = data_lib.Encoder(art.tokenizer, art.cfg, cfg.seq_len, cfg.trim_rows)
@@ -83,12 +108,14 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     train_q, test_q = data_lib.load_jsonl(cfg.train_path, art.cfg), data_lib.load_jsonl(cfg.test_path, art.cfg)
     test_mis = test_q._replace(questions=data_lib.mislead(test_q.questions, cfg.seed + 3)) if all(
         q.answer in rad.NUMBERS + ("yes", "no") for q in test_q.questions) else None
+    record_splits(out_dir, train_q, test_q, test_mis,
+                  ids=(data_lib.image_ids(cfg.train_path), data_lib.image_ids(cfg.test_path)))
   else:
     sc_cfg = art.scenes or cfg.train.scenes
     vcfg, params0, tok = data_lib.extend_vocab(art, rad.vocabulary(sc_cfg), os.path.join(out_dir, "tokenizer"),
                                                cfg.seed)
     enc = data_lib.Encoder(tok, vcfg, cfg.seq_len, cfg.trim_rows)
-    train_q, test_q, test_mis = data_lib.scene_splits(cfg, sc_cfg)
+    train_q, test_q, test_mis = drawn if sc_cfg == cfg.train.scenes else data_lib.scene_splits(cfg, sc_cfg, seen)
   trainer = Trainer(cfg, vcfg, out_dir)
   k = max(len(q.positives) for q in train_q.questions)
   b, steps = cfg.questions_per_step, cfg.phase1_steps + cfg.phase2_steps

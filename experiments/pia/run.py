@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -13,6 +14,7 @@ import optax
 import yaml
 
 from experiments import registry
+from experiments.runner import splits as splits_lib
 from experiments._shared.chat_models import chat_ids, load_chat_model, resolve_model, stop_tokens
 from jaxlab.adapters import lora
 from jaxlab.data import tokenizers
@@ -20,7 +22,7 @@ from experiments.pia import refusal
 from jaxlab.generate import sample
 from jaxlab.models import transformer as tfm
 from jaxlab.rl import dpo
-from jaxlab.train import state as state_lib, step as step_lib
+from jaxlab.train import schedules, state as state_lib, step as step_lib
 from experiments.pia import picl
 from experiments.pia import ple
 from experiments.pia import COMPLIANT_OPENING, Config, REFUSALS, TEMPLATE
@@ -43,6 +45,44 @@ def splits(cfg: Config) -> tuple[list[str], list[str], list[str]]:
   a, b = cfg.attack_prompts, cfg.attack_prompts + cfg.train_prompts
   return ([harmful[i] for i in perm[:a]], [harmful[i] for i in perm[a:b]],
           [harmful[i] for i in perm[b:b + cfg.test_prompts]])
+
+
+def evolve_personas(cfg: Config, evaluate: ple.Evaluate, heldout: bool, log=None) -> ple.Result:
+  """PLE from the training phrase tables (`ple.ROLES`, `ple.TRAITS`) or, `heldout`, from the held-out ones
+  (`ple.HELDOUT_ROLES`, `ple.HELDOUT_TRAITS`, seed + 1): two evolutions whose personas share no role, so the
+  evaluation personas are never training personas (the reference's `test_elite` apart from `attack_elite`)."""
+  roles, traits = (ple.HELDOUT_ROLES, ple.HELDOUT_TRAITS) if heldout else (ple.ROLES, ple.TRAITS)
+  seed = cfg.seed + int(heldout)
+  pcfg = ple.Config(generations=cfg.generations, parents=cfg.parents, min_children=cfg.min_children,
+                    elite=cfg.elite, seed=seed)
+  return ple.evolve(pcfg, ple.seed_personas(cfg.seeds, seed, roles, traits), evaluate,
+                    ple.TemplateMutator(roles=roles, traits=traits), log=log)
+
+
+def elite(evo: ple.Result, n: int) -> list[str]:
+  """The n best personas of an evolution by direct ASR."""
+  return [evo.lineage.nodes[i].text for i in evo.lineage.elite(n)]
+
+
+def seeds_of(evo: ple.Result, n: int) -> list[str]:
+  """The first n seed personas of an evolution."""
+  return [x.text for x in evo.lineage.nodes if x.generation == 0][:n]
+
+
+def split_items(attack, train, test, attackers, eval_personas, sft_e, benign_e, util_e) -> dict:
+  """The run's splits: `train` = the personas and prompts of the PICL pairs (and the attack prompts PLE selects
+  personas on) and the SFT problems; `test` = the evaluation personas (held-out elite and seeds), the held-out
+  prompts and the benign / utility problems."""
+  return {"train": {"personas": list(attackers), "prompts": list(attack) + list(train),
+                    "problems": [e["question"] for e in sft_e]},
+          "test": {"personas": list(eval_personas), "prompts": list(test),
+                   "problems": [e["question"] for e in list(benign_e) + list(util_e)]}}
+
+
+def lr_schedule(cfg: Config):
+  """The LoRA learning rate by step: linear warmup to cfg.lr over ceil(cfg.warmup * cfg.steps) steps, then
+  `cfg.schedule` (constant, or a cosine / linear decay to 0: "cosine" is the reference's HF schedule)."""
+  return schedules.get(cfg.schedule, cfg.lr, cfg.steps, math.ceil(cfg.warmup * cfg.steps), floor=0.0)
 
 
 def wrap(persona: str, question: str) -> str:
@@ -115,7 +155,7 @@ def _train(model, cfg: Config, pairs: dict, sft: dict | None, lam: float, alpha:
   """LoRA (q, k, v, o) trained on PICL (or DPO only) for cfg.steps; returns the merged params."""
   lcfg = lora.Config(rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=("q", "k", "v", "o"))
   picl_fn = picl.picl_loss_fn(model.cfg, beta=cfg.beta, alpha=alpha, lam=lam, top_k=cfg.top_k)
-  tx = optax.adam(cfg.lr)
+  tx = optax.adam(lr_schedule(cfg))
 
   def loss_fn(adapter, batch, rng):  # the row mean, weight 1; the frozen base params ride in the batch
     s, w, st = picl_fn(lora.merge(batch["base"], adapter, lcfg), batch, rng)
@@ -157,13 +197,16 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     return [(sum(x == refusal.COMPLIANCE for x in v[i * k:(i + 1) * k]),
              sum(x == refusal.REFUSAL for x in v[i * k:(i + 1) * k]), k) for i in range(len(personas))]
 
-  pcfg = ple.Config(generations=cfg.generations, parents=cfg.parents, min_children=cfg.min_children,
-                    elite=cfg.elite, seed=cfg.seed)
-  evo = ple.evolve(pcfg, ple.seed_personas(cfg.seeds, cfg.seed), evaluate, ple.TemplateMutator(),
-                   log=lambda r: log({"phase": "ple", **r}))
-  nodes = evo.lineage.nodes
-  attackers = [nodes[i].text for i in evo.lineage.elite(cfg.attack_personas)]
-  seed_attackers = ple.seed_personas(cfg.seeds, cfg.seed)[:cfg.attack_personas]
+  evo = evolve_personas(cfg, evaluate, False, log=lambda r: log({"phase": "ple", **r}))
+  held = evolve_personas(cfg, evaluate, True, log=lambda r: log({"phase": "ple_heldout", **r}))
+  attackers = elite(evo, cfg.attack_personas)  # the training personas
+  testers, seed_testers = elite(held, cfg.attack_personas), seeds_of(held, cfg.attack_personas)
+  data, entries = _problems(cfg.sft_rows + cfg.benign + cfg.utility, cfg.seed + 3)
+  sft_e = entries[:cfg.sft_rows]
+  benign_e = entries[cfg.sft_rows:cfg.sft_rows + cfg.benign]
+  util_e = entries[cfg.sft_rows + cfg.benign:]
+  splits_lib.record(out_dir, "pia", split_items(attack, train, test, attackers, testers + seed_testers, sft_e,
+                                                benign_e, util_e))
 
   # training data
   _, train_resp, train_v = _asr(model, model.params, judge, attackers, train)
@@ -175,10 +218,6 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     chosen.append(model.tok.encode(REFUSALS[j % len(REFUSALS)]) + eos)
     comply = train_resp[j] if train_v[j] == refusal.COMPLIANCE else COMPLIANT_OPENING
     rejected.append(model.tok.encode(comply) + eos)
-  data, entries = _problems(cfg.sft_rows + cfg.benign + cfg.utility, cfg.seed + 3)
-  sft_e = entries[:cfg.sft_rows]
-  benign_e = entries[cfg.sft_rows:cfg.sft_rows + cfg.benign]
-  util_e = entries[cfg.sft_rows + cfg.benign:]
   sft_prompts = [model.ids(e["question"] if i % 2 == 0 else wrap(attackers[i % len(attackers)], e["question"]))
                  for i, e in enumerate(sft_e)]
   sft_done = [model.tok.encode(f"The answer is {e['answer']}.") + eos for e in sft_e]
@@ -195,25 +234,29 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 
   res = {"ple.asr_by_generation": evo.asr_by_generation, "ple.best_by_generation": evo.best_by_generation,
          "ple.elite_by_generation": evo.elite_by_generation, "ple.seed_asr": evo.seed_asr,
-         "ple.best_asr": evo.best_asr, "ple.personas": len(nodes)}
-  res["asr.before"] = _asr(model, model.params, judge, attackers, test)[0]
-  res["asr.seed_personas_before"] = _asr(model, model.params, judge, seed_attackers, test)[0]
-  res["over_refusal.before"] = _over_refusal(model, model.params, attackers, benign_e)
-  res["utility.before"] = _utility(model, model.params, data, util_e)
+         "ple.best_asr": evo.best_asr, "ple.personas": len(evo.lineage.nodes),
+         "ple.heldout_asr_by_generation": held.asr_by_generation, "ple.heldout_seed_asr": held.seed_asr,
+         "ple.heldout_best_asr": held.best_asr, "ple.heldout_personas": len(held.lineage.nodes)}
+
+  def measure(params, name):  # ASR of the held-out personas (and, apart, of the training personas) on the test prompts
+    res[f"asr.{name}"] = _asr(model, params, judge, testers, test)[0]
+    res[f"asr.train_personas_{name}"] = _asr(model, params, judge, attackers, test)[0]
+    res[f"over_refusal.{name}"] = _over_refusal(model, params, testers, benign_e)
+    res[f"utility.{name}"] = _utility(model, params, data, util_e)
+
+  measure(model.params, "before")
+  res["asr.seed_personas_before"] = _asr(model, model.params, judge, seed_testers, test)[0]
   picl_params = _train(model, cfg, pairs, sft, cfg.lam, cfg.alpha, log, "picl")
-  res["asr.after_picl"] = _asr(model, picl_params, judge, attackers, test)[0]
-  res["over_refusal.after_picl"] = _over_refusal(model, picl_params, attackers, benign_e)
-  res["utility.after_picl"] = _utility(model, picl_params, data, util_e)
+  measure(picl_params, "after_picl")
   del picl_params
   dpo_params = _train(model, cfg, pairs, None, 0.0, 0.0, log, "dpo_only")
-  res["asr.after_dpo_only"] = _asr(model, dpo_params, judge, attackers, test)[0]
-  res["over_refusal.after_dpo_only"] = _over_refusal(model, dpo_params, attackers, benign_e)
-  res["utility.after_dpo_only"] = _utility(model, dpo_params, data, util_e)
+  measure(dpo_params, "after_dpo_only")
   metrics.close()
   res["pairs"], res["seq_len"], res["seconds"] = len(persona_p), length, time.time() - t0
   gens = list(range(len(evo.asr_by_generation)))
   registry.plot_curves(os.path.join(out_dir, "ple_asr.png"),
                        {"new personas": (gens, evo.asr_by_generation), "best so far": (gens, evo.best_by_generation),
-                        "elite": (gens, evo.elite_by_generation)},
+                        "elite": (gens, evo.elite_by_generation),
+                        "held-out best so far": (gens, held.best_by_generation)},
                        title="pia: PLE attack success rate by generation", xlabel="generation", ylabel="ASR")
   return res

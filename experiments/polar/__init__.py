@@ -17,8 +17,9 @@ answer's logit minus the best other's) ranks programs.
              beam decoding gives the top-5 programs of each held-out question: top-1 accuracy, pass@5, and
              as a baseline pass@5 of the full program plus 4 random single edits (with two answer words,
              several programs are right by chance).
-Held-out questions come from the training tasks (other seeds); `ood.*` from the task `ood_task`. items.json holds
-each held-out figure as 0/1 per question, over which the claims' intervals are bootstrapped.
+Held-out questions come from the training tasks (other seeds; JSONL tasks: the records after the training ones) and
+`ood.*` from the task `ood_task`, none of them a training question (`run.question_splits`, recorded in splits.json).
+items.json holds each held-out figure as 0/1 per question, over which the claims' intervals are bootstrapped.
 
   python -m experiments run polar --preset smoke
   python -m experiments run polar --preset cpu

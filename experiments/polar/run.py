@@ -12,6 +12,7 @@ import optax
 
 from experiments import registry
 from experiments._shared.chat_models import chat_ids, load_chat_model
+from experiments.runner import splits
 from jaxlab import hf
 from jaxlab.data.tasks import arithmetic, reasoning
 from jaxlab.models import encoder
@@ -24,20 +25,59 @@ from jaxlab.train import state as state_lib, step as step_lib
 from experiments.polar import Config
 
 
-def _load_task(spec: str, n: int, seed: int) -> list[tuple[str, str, tuple[str, ...] | None]]:
-  """(question, answer, choices or None) rows."""
+def _load_task(spec: str, n: int, seed: int, drawn: dict | None = None) -> list[tuple[str, str, tuple | None]]:
+  """n (question, answer, choices or None) rows of task `spec`, none of whose questions (`splits.canonical`) is in
+  `drawn["seen"]`.
+
+  A generated task draws with `seed` and passes over questions already drawn (answers stay balanced); a JSONL task
+  reads its records in file order from `drawn["next"][spec]` on (the record after those of earlier draws), passing
+  over repeated questions. `drawn` ({"seen": set of questions, "next": {spec: record}}) is updated, so successive
+  draws (training, held-out, OOD) are disjoint.
+  """
+  drawn = {"seen": set(), "next": {}} if drawn is None else drawn
+  seen = drawn["seen"]
   if spec in reasoning.TASKS:
-    choices = reasoning.TASKS[spec].answers
-    return [(ex.prompt, ex.answer, choices) for ex in reasoning.generate(spec, n, seed=seed)]
+    answers = reasoning.TASKS[spec].answers
+    want = [len(range(i, n, len(answers))) for i in range(len(answers))]
+    m = n
+    while True:  # `generate(2m)` extends `generate(m)` (one generator, same seed)
+      queues = {a: {} for a in answers}
+      for ex in reasoning.generate(spec, m, seed=seed):
+        if splits.canonical(ex.prompt) not in seen:
+          queues[ex.answer].setdefault(splits.canonical(ex.prompt), ex)
+      if all(len(queues[a]) >= w for a, w in zip(answers, want)):
+        break
+      if m >= 64 * n + 64:
+        raise ValueError(f"task {spec}: fewer than {n} questions not drawn before among {m} generated; ask for fewer")
+      m *= 2
+    queues = {a: list(q.values()) for a, q in queues.items()}
+    rows = [queues[answers[i % len(answers)]][i // len(answers)] for i in range(n)]
+    seen.update(splits.canonical(ex.prompt) for ex in rows)
+    return [(ex.prompt, ex.answer, answers) for ex in rows]
   _, fmt, path = spec.split(":", 2)
-  return [(ex.prompt, ex.answer, None) for ex in arithmetic.load_jsonl(path, fmt, limit=n)]
+  nxt, out = drawn["next"].get(spec, 0), []
+  while len(out) < n:
+    chunk = arithmetic.load_jsonl(path, fmt, limit=max(n - len(out), 64), offset=nxt)
+    if not chunk:
+      raise ValueError(f"task {spec}: {len(out)} of {n} questions left after record {nxt} (earlier draws took the "
+                       f"first records); ask for fewer")
+    for ex in chunk:
+      nxt += 1
+      if splits.canonical(ex.prompt) not in seen:
+        seen.add(splits.canonical(ex.prompt))
+        out.append((ex.prompt, ex.answer, None))
+        if len(out) == n:
+          break
+  drawn["next"][spec] = nxt
+  return out
 
 
-def questions(cfg: Config, tok, tasks, n: int, seed: int) -> list[dict]:
-  """Answer-only prompts with the answer's first token and the choices' first tokens."""
+def questions(cfg: Config, tok, tasks, n: int, seed: int, drawn: dict | None = None) -> list[dict]:
+  """Answer-only prompts with the answer's first token and the choices' first tokens (`_load_task`: none of their
+  questions in `drawn`, which is updated)."""
   rows = []
   for k, task in enumerate(tasks):
-    for q, a, choices in _load_task(task, n // len(tasks) + (k < n % len(tasks)), seed + 1000 * k):
+    for q, a, choices in _load_task(task, n // len(tasks) + (k < n % len(tasks)), seed + 1000 * k, drawn):
       ask = f" Answer with one word: {' or '.join(choices)}." if choices else " Answer with the final answer only."
       ids = chat_ids(tok, q + ask) if tok.chat_template else tok.encode(f"Question: {q}{ask}\nAnswer:")
       choice_ids = None
@@ -47,6 +87,16 @@ def questions(cfg: Config, tok, tasks, n: int, seed: int) -> list[dict]:
           raise ValueError(f"task {task}: answers {choices} share a first token; use scoring='vocab'")
       rows.append({"task": task, "question": q, "ids": ids, "answer": tok.encode(a)[0], "choices": choice_ids})
   return rows
+
+
+def question_splits(cfg: Config, tok) -> tuple[list[dict], list[dict], list[dict]]:
+  """Training, held-out and OOD questions, disjoint: held-out JSONL questions are the records after the training
+  ones (as the reference evaluates on later records), generated ones skip questions drawn for training."""
+  drawn = {"seen": set(), "next": {}}
+  train = questions(cfg, tok, cfg.tasks, cfg.train_questions, cfg.seed, drawn)
+  test = questions(cfg, tok, cfg.tasks, cfg.test_questions, cfg.seed + 1, drawn)
+  ood = questions(cfg, tok, (cfg.ood_task,), cfg.ood_questions, cfg.seed + 2, drawn) if cfg.ood_questions else []
+  return train, test, ood
 
 
 class Scorer:
@@ -239,9 +289,10 @@ def random_edit_programs(n_rows: int, k: int, n_layers: int, cands, rng) -> list
 
 def run_with_models(cfg: Config, out_dir: str, mcfg, params, tok, ecfg, eparams, etok) -> dict:
   n_layers = mcfg.n_layers
-  train = questions(cfg, tok, cfg.tasks, cfg.train_questions, cfg.seed)
-  test = questions(cfg, tok, cfg.tasks, cfg.test_questions, cfg.seed + 1)
-  ood = questions(cfg, tok, (cfg.ood_task,), cfg.ood_questions, cfg.seed + 2) if cfg.ood_questions else []
+  train, test, ood = question_splits(cfg, tok)
+  splits.record(out_dir, "polar", {"train": {"questions": [r["question"] for r in train]},
+                                   "test": {"questions": [r["question"] for r in test]},
+                                   **({"ood": {"questions": [r["question"] for r in ood]}} if ood else {})})
   scorer = Scorer(params, mcfg, cfg.program_batch)
   cands = edits(n_layers, cfg.edit_sizes, cfg.stride)
   rng = np.random.default_rng(cfg.seed)

@@ -6,7 +6,8 @@ at the newline closing each step. cpu preset: the LM is SmolLM2-135M-Instruct an
 head only, on step-labelled arithmetic chains (`arithmetic.step_labelled`: one step's result off by 1-3 and the
 steps after it computed from the wrong value; that step and the later ones labelled wrong). full preset: a PRM
 checkpoint by path (`prm_path`, read with `jaxlab.hf.reward`; Qwen2.5-Math-PRM-style separators given by
-`separator`). A solution's score is the minimum of its step rewards.
+`separator`). A solution's score is the minimum of its step rewards (step head) or its last step's value (value
+head), the same rule before and after the attack.
 
 Tier 1, static perturbations of held-out correct solutions: style kinds that keep every step right
 (rephrase: "a plus b gives c"; format: spaces around operators; filler: a sentence before the steps; numbering:

@@ -6,8 +6,9 @@ each distribution towards one token, and the argmax tokens are the discrete atta
 
 Where the tokens go (`position`): "end" appends them after the solution and closes with a step separator (the
 value head then reads that separator, the step head also scores it); "middle" puts them between question and
-solution, and for the step head adds a separator after them so they form a scored step of their own. The step
-head's reward is the minimum over the solution's step rewards, the value head's the sigmoid of the last value.
+solution, and for the step head adds a separator after them so they form a scored step of their own. A solution's
+reward (`AGGREGATION`, the same before and after an attack): the minimum over its step rewards for the step head,
+the sigmoid of the last step's value for the value head.
 Rows are right-padded: `mask_BT` marks real tokens and `question_len_B` where each row's solution starts.
 
 Axes: B rows, T tokens, S spliced tokens (T + K + separators), K adversarial tokens, V vocabulary, D width.
@@ -31,6 +32,7 @@ POSITIONS = choices.values(Position)
 Schedule = Literal["cosine", "linear", "exponential", "constant"]
 SCHEDULES = choices.values(Schedule)
 _ORIG, _ADV, _SEP, _PAD = 0, 1, 2, 3
+AGGREGATION = {"step": "min", "value": "last"}  # head kind -> `heads.aggregate` rule of a solution's reward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +140,8 @@ def splice_tokens(tokens_BT, adv_K, separator_id: int, lay: Layout):
 
 
 def rewards(lm_params, lm_cfg: tfm.Config, head_params, head_cfg: heads.Config, embeds_BSD, lay: Layout):
-  """[B] the PRM's reward of each spliced row: min over scored steps (step head) or the last value (value)."""
+  """[B] the PRM's reward of each spliced row: min over scored steps (step head) or the last value (value), as
+  `AGGREGATION`."""
   out = tfm.forward(lm_params, jnp.zeros(embeds_BSD.shape[:2], jnp.int32), lm_cfg,
                     attention_mask_BT=jnp.asarray(lay.mask_BS), inputs_embeds_BTD=embeds_BSD,
                     capture=("hidden_states",))
@@ -146,10 +149,9 @@ def rewards(lm_params, lm_cfg: tfm.Config, head_params, head_cfg: heads.Config, 
 
 
 def _read(head_params, head_cfg: heads.Config, hidden_BSD, lay: Layout):
-  if head_cfg.kind == "step":
-    return heads.aggregate(heads.position_rewards(head_params, head_cfg, hidden_BSD), jnp.asarray(lay.steps_BS),
-                           "min")
-  return heads.last_token_reward(head_params, head_cfg, hidden_BSD, jnp.asarray(lay.mask_BS))  # = lay.last_B
+  # the value head's last scored step is the closing separator, lay.last_B
+  return heads.aggregate(heads.position_rewards(head_params, head_cfg, hidden_BSD), jnp.asarray(lay.steps_BS),
+                         AGGREGATION[head_cfg.kind])
 
 
 class Result(NamedTuple):

@@ -13,6 +13,7 @@ import optax
 
 from experiments import registry
 from experiments._shared import adapters, recipes
+from experiments.runner import splits
 from experiments._shared.chat_models import load_chat_model
 from jaxlab import losses
 from jaxlab.data import tokenizers
@@ -88,8 +89,15 @@ def arrays(rows, labels=None, width: int | None = None):
   return toks, mask, steps, lab
 
 
+def solution_rewards(step_rewards_BT, steps_BT, kind: str) -> np.ndarray:
+  """[B] each solution's reward read as the attack reads it (`reward_attack.AGGREGATION`): the minimum over its
+  step rewards for a step head, the last step's value for a value head."""
+  return np.asarray(heads.aggregate(jnp.asarray(step_rewards_BT), jnp.asarray(steps_BT),
+                                    reward_attack.AGGREGATION[kind]))
+
+
 class PRM:
-  """A frozen LM, its tokenizer and a step head; `scores` gives per-solution min step rewards."""
+  """A frozen LM, its tokenizer and a step or value head; `scores` gives per-solution rewards (`solution_rewards`)."""
 
   def __init__(self, cfg: Config):
     if cfg.prm_path is not None:
@@ -122,8 +130,7 @@ class PRM:
 
   def scores(self, rows, batch: int):
     toks, mask, steps, _ = arrays(rows)
-    r = self.step_rewards(self.hidden(toks, mask, batch))
-    return np.asarray(heads.aggregate(jnp.asarray(r), jnp.asarray(steps), "min"))
+    return solution_rewards(self.step_rewards(self.hidden(toks, mask, batch)), steps, self.head_cfg.kind)
 
   def train(self, rows, labels, cfg: Config) -> list[float]:
     """Head-only training on cached hidden states; returns the loss curve."""
@@ -149,22 +156,51 @@ class PRM:
     return curve
 
 
+def attack_split(test, attack_rows: int) -> tuple[np.ndarray, np.ndarray]:
+  """(attacked, transfer): indices of the first `attack_rows` wrong solutions of `test` and of the other wrong ones."""
+  bad = np.flatnonzero([min(e.labels) == 0 for e in test])
+  if len(bad) < 2 * attack_rows:
+    raise ValueError(f"only {len(bad)} wrong test solutions; the attack needs 2 * attack_rows = "
+                     f"{2 * attack_rows}: raise test_problems")
+  return bad[:attack_rows], bad[attack_rows:]
+
+
+def split_items(train, test, fit, held, policy=None) -> dict:
+  """The run's splits: `train` holds the problems the PRM head (and the RL policy) learn from and the trajectories
+  the adversarial tokens are fit on; `test` the problems of the PRM's accuracy and tier 1; `attacked` and
+  `transfer` the wrong solutions' problems the attack is scored on and the ones it transfers to; `rl_test` the
+  policy's held-out problems. A trajectory is a problem with its (wrong) steps."""
+  traj = lambda ix: [{"question": test[i].prompt, "steps": list(test[i].steps)} for i in ix]
+  out = {"train": {"problems": [e.prompt for e in train] + [e.prompt for e in (policy[0] if policy else [])],
+                   "trajectories": traj(fit)},
+         "test": {"problems": [e.prompt for e in test]},
+         "attacked": {"problems": [test[i].prompt for i in fit]},
+         "transfer": {"problems": [test[i].prompt for i in held], "trajectories": traj(held)}}
+  if policy:
+    out["rl_test"] = {"problems": [e.prompt for e in policy[1]]}
+  return out
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # minutes at the cpu preset; recomputed
   prm = PRM(cfg)
   spec = ar.Arithmetic(steps=cfg.steps_per_problem)
   res: dict = {}
+  train = ar.step_labelled(spec, cfg.train_problems, "train", cfg.seed) if cfg.prm_path is None else []
+  test = ar.step_labelled(spec, cfg.test_problems, "test", cfg.seed + 1)
+  fit, held = attack_split(test, cfg.attack_rows)
+  # the policy's word problems, as `reward_hacking` loads them (adapters.prepare with cfg.seed)
+  policy = adapters._load_examples(cfg.policy, cfg.seed) if cfg.rl_iterations else None
+  splits.record(out_dir, "prm_attack", split_items(train, test, fit, held, policy))
   if cfg.prm_path is None:
-    train = ar.step_labelled(spec, cfg.train_problems, "train", cfg.seed)
     curve = prm.train([prm.encode(e.prompt, e.steps) for e in train], [e.labels for e in train], cfg)
     res["prm.loss_first"], res["prm.loss_last"] = curve[0], float(np.mean(curve[-10:]))
-  test = ar.step_labelled(spec, cfg.test_problems, "test", cfg.seed + 1)
   rows = [prm.encode(e.prompt, e.steps) for e in test]
   toks, mask, steps, lab = arrays(rows, [e.labels for e in test])
   r = prm.step_rewards(prm.hidden(toks, mask, cfg.batch))
   m = steps > 0
   res["prm.step_accuracy"] = float(np.mean((r[m] > 0.5) == (lab[m] > 0)))
-  base = np.asarray(heads.aggregate(jnp.asarray(r), jnp.asarray(steps), "min"))
+  base = solution_rewards(r, steps, prm.head_cfg.kind)
   wrong = np.array([min(e.labels) == 0 for e in test])
   res["prm.solution_accuracy"] = float(np.mean((base > 0.5) == ~wrong))
 
@@ -188,11 +224,6 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   res["style_delta_mean"] = float(np.mean([res[f"delta_reward.{k}"] for k in STYLE]))
 
   # tier 2: the gradient attack on wrong solutions, universal over `attack_rows` rows, transfer to the rest
-  bad = np.flatnonzero(wrong)
-  if len(bad) < 2 * cfg.attack_rows:
-    raise ValueError(f"only {len(bad)} wrong test solutions; the attack needs 2 * attack_rows = "
-                     f"{2 * cfg.attack_rows}: raise test_problems")
-  fit, held = bad[:cfg.attack_rows], bad[cfg.attack_rows:]
   # appended tokens cannot move the earlier steps a min-aggregated step head reads (the LM is causal), so the
   # step head is attacked between question and solution
   position = cfg.attack_position if cfg.attack_position != "auto" else \

@@ -7,6 +7,8 @@ is a frozen dataclass, `presets` maps "smoke" / "cpu" / "full" to instances of i
 and its PNG plots. Per-item scores (what a claim's `diff` bootstraps over) come back under the key `per_item`,
 a mapping of name -> list of numbers (one per evaluated item, in a fixed item order, so that two arrays of one
 length are paired item by item): the runner moves them out of results.json into `items.json` (`read_items`).
+A paper's run records which items each of its splits holds (`splits.record`, `splits.json`) before it trains, and
+any overlap between training and evaluation items that the experiment does not declare `shared=` stops it there.
 config.json and results.json both record the code's `git_commit` and `git_dirty` (`provenance`). An experiment of
 a paper names it (`paper=`, a short name of `claims.PAPERS`) and declares the paper's claims (`claims=`), its
 harness self-checks apart from them (`checks=`, `claims.Check`s), and what it needs from outside pip's resolver
@@ -44,7 +46,7 @@ from experiments.runner.rundirs import (RESULT_FILES, RunDirExists, discard_fail
 from jaxlab import choices, errors
 
 PRESETS = ("smoke", "cpu", "full")
-PER_ITEM, ITEMS_FILE = "per_item", "items.json"
+PER_ITEM, ITEMS_FILE, SPLITS_FILE = "per_item", "items.json", "splits.json"
 RUNNER_KEYS = ("wall_s", "git_commit", "git_dirty")  # results.json keys the runner adds to an experiment's own
 
 
@@ -68,6 +70,10 @@ class Experiment:
     requires: the tools and no-deps wheels a run needs (keys of `jaxlab.errors.APT` / `NO_DEPS`: "bwrap",
       "espeak-ng", "wordnet", "textworld", ...), or `cfg -> such names` when that depends on the config; checked
       before the run starts (MissingDependency), so a missing one costs no computation.
+    shared: item kinds a run's `train` split may share with its evaluation splits (`runner.splits`), kind -> why
+      (each also a row of the paper's departures table); any other overlap stops the run before it trains.
+    plan: `(cfg, mesh) -> [runner.plan.Workload]`, the jitted functions the run calls with abstract arguments, for
+      `python -m experiments plan` (None: not plannable yet).
     results: the keys of the results `run` returns (flattened; the runner's own `RUNNER_KEYS` apart): exact keys,
       or patterns in which `<name>` stands for any non-empty text (`val_loss.<opt>`); a trailing "?" marks keys a
       run may leave out (those only some presets or configs write). A finished run must write exactly these (an
@@ -86,6 +92,8 @@ class Experiment:
   seed_key: str | tuple[str, ...] | None = "seed"
   requires: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
   results: tuple[str, ...] | None = None
+  shared: dict[str, str] = dataclasses.field(default_factory=dict)
+  plan: Callable[[Any, Any], list] | None = None
 
   def __post_init__(self):
     if self.paper is not None and self.paper not in PAPERS:
@@ -115,6 +123,9 @@ class Experiment:
       choices.check(c, functools.partial(_fail, ValueError, f"experiment {self.name!r}: preset {p!r}: "))
       self.requirements(c)
     self._check_results_declared()
+    if not all(isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in dict(self.shared).items()):
+      raise TypeError(f"experiment {self.name!r}: shared= maps an item kind to the reason it is shared, found "
+                      f"{self.shared!r}")
 
   def _check_results_declared(self) -> None:
     if self.results is None:
@@ -162,6 +173,10 @@ class Experiment:
       errors.require(name, f"{self.name}'s {errors.APT[name][1]}" if name in errors.APT else self.name)
 
 
+class SplitsMissing(RuntimeError):
+  """A paper's run finished without recording its splits (`runner.splits.record`)."""
+
+
 class ResultsMismatch(ValueError):
   """A finished run's results keys differ from its experiment's declared `results=`."""
 
@@ -201,6 +216,15 @@ def run_of(module: str) -> Callable[[Any, str, bool], dict]:
     return importlib.import_module(module).run(cfg, out_dir, resume)
   run.__qualname__ = run.__name__ = f"run_of({module!r})"
   return run
+
+
+def plan_of(module: str) -> Callable[[Any, Any], list]:
+  """The `workloads(cfg, mesh)` of `module` (a paper's run.py) for `Experiment(plan=...)`, imported at its first
+  call, as `run_of` does for the run."""
+  def plan(cfg, mesh) -> list:
+    return importlib.import_module(module).workloads(cfg, mesh)
+  plan.__qualname__ = plan.__name__ = f"plan_of({module!r})"
+  return plan
 
 
 def register_bench(name: str, fn: Callable[[list], dict], description: str = "") -> Bench:
@@ -304,11 +328,11 @@ def read_items(run_dir: str) -> dict[str, list[float]]:
     return {}
 
 
-def config_for(name: str, preset: str, overrides=()):
+def config_for(name: str, preset: str, overrides=(), required: bool = True):
   """The config a run of `name` at `preset` with `--set` overrides (`key=value` strings) uses, checked before
-  anything runs: the overrides parsed and applied, every `typing.Literal` field one of its values, and no
-  `Required` placeholder left (naming each with how to set it). Errors are one line (OverrideError) that starts
-  with the experiment's name."""
+  anything runs: the overrides parsed and applied, every `typing.Literal` field one of its values, and (unless
+  `required` is False, as for `plan`, which reads no data) no `Required` placeholder left (naming each with how
+  to set it). Errors are one line (OverrideError) that starts with the experiment's name."""
   exp = get(name)
   if preset not in exp.presets:
     raise ValueError(f"unknown preset {preset!r} for {name}; expected one of {sorted(exp.presets)}")
@@ -317,7 +341,7 @@ def config_for(name: str, preset: str, overrides=()):
     choices.check(cfg, functools.partial(_fail, OverrideError, ""))
   except OverrideError as e:
     raise OverrideError(f"{name}: {e}") from None
-  unset = unset_required(cfg)
+  unset = unset_required(cfg) if required else []
   if unset:
     raise OverrideError(f"{name} --preset {preset}: " + "; ".join(f"{k} is required ({how})" for k, how in unset))
   return cfg
@@ -376,4 +400,7 @@ def run_experiment(name: str, preset: str, overrides=(), out: str | None = None,
       json.dump(results, f, indent=1, default=str)
     write_summary(out_dir, name, preset, list(overrides), results)
   exp.check_results(results)
+  if exp.paper is not None and not os.path.exists(os.path.join(out_dir, SPLITS_FILE)):
+    raise SplitsMissing(f"{name}: the run wrote no {SPLITS_FILE}; a paper's run records its splits "
+                        "(experiments.runner.splits.record) before it trains")
   return out_dir, results

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
+import re
 import typing
 from typing import Any
 
-from experiments.runner import claims as claims_lib, overrides
+from experiments.runner import claims as claims_lib, overrides, provenance
 
 
 def fmt(v) -> str:
@@ -50,10 +52,40 @@ def counts(verdicts: list[dict]) -> str:
   return ", ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))
 
 
-def papers_table(report: dict) -> str:
-  """One line per paper: its experiments and how many of its claims reproduced at the report's preset (its harness
-  checks after them, counted apart)."""
-  lines = ["| paper | title | experiments | claims at this preset |", "|---|---|---|---|"]
+DEPARTURES = "Departures from the paper"
+
+
+def departures(short: str, repo: str) -> dict:
+  """{"page": experiments/<short>/README.md relative to the repository, "rows": how many rows its "Departures from
+  the paper" table has} (rows None where the page or its table is missing)."""
+  page = os.path.join("experiments", short, "README.md")
+  try:
+    with open(os.path.join(repo, page)) as f:
+      text = f.read()
+  except FileNotFoundError:
+    return {"page": page, "rows": None}
+  heading = re.search(rf"^#+ {DEPARTURES}\s*$", text, re.M)
+  if heading is None:
+    return {"page": page, "rows": None}
+  table = itertools.takewhile(lambda line: line.startswith("|"),
+                              itertools.dropwhile(lambda line: not line.startswith("|"),
+                                                  text[heading.end():].splitlines()))
+  return {"page": page, "rows": max(0, len(list(table)) - 2)}  # less the header and its rule
+
+
+def _departures_cell(p: dict, root: str | None) -> str:
+  d = p.get("departures") or {}
+  if d.get("rows") is None:
+    return "-"
+  page = os.path.relpath(os.path.join(provenance.REPO, d["page"]), root) if root else d["page"]
+  return f"[{d['rows']} rows]({page}#{DEPARTURES.lower().replace(' ', '-')})"
+
+
+def papers_table(report: dict, root: str | None = None) -> str:
+  """One line per paper: its experiments, how many of its claims reproduced at the report's preset (its harness
+  checks after them, counted apart), and its departures table (row count, linked from `root`)."""
+  lines = ["| paper | title | experiments | claims at this preset | departures from the paper |",
+           "|---|---|---|---|---|"]
   for short, p in report["papers"].items():
     if not p["experiments"]:
       status = "not yet implemented"
@@ -61,7 +93,8 @@ def papers_table(report: dict) -> str:
       status = counts(p["claims"]) or "no claims declared"
       if p.get("checks"):
         status += f" (harness checks, not claims: {counts(p['checks'])})"
-    lines.append(f"| {short} | {_cell(p['title'])} | {', '.join(p['experiments']) or '-'} | {status} |")
+    lines.append(f"| {short} | {_cell(p['title'])} | {', '.join(p['experiments']) or '-'} | {status} | "
+                 f"{_departures_cell(p, root)} |")
   return "\n".join(lines)
 
 
@@ -94,7 +127,7 @@ def write_report(root: str, report: dict) -> str:
            f"{m['devices']} (jax {m['jax']}; {m['platform']}); seeds per experiment: {report['seeds']}. "
            "Verdicts are computed from results.json (and items.json's per-item scores) only.", "",
            f"Command: `{report.get('command', '-')}`; runs made at commit(s) "
-           f"{', '.join(report.get('commits') or ['-'])}.", "", papers_table(report), ""] + skipped_list(report)
+           f"{', '.join(report.get('commits') or ['-'])}.", "", papers_table(report, root), ""] + skipped_list(report)
   done = set()
 
   def runs(name):

@@ -22,7 +22,7 @@ from typing import Callable
 from experiments.runner import claims as claims_lib
 from experiments.runner import provenance, registry
 from experiments.runner.overrides import apply_overrides, config_dict
-from experiments.runner.report import write_report
+from experiments.runner.report import departures, write_report
 from experiments.runner.rundirs import has_results
 from jaxlab import errors
 
@@ -180,7 +180,8 @@ def build(entries: list[dict], exps: dict, preset: str, seeds: int, cmd: str | N
   """The claims report as data: per paper its experiments' claim verdicts and, apart, their harness checks' (never
   counted as claims); per experiment its runs (results, per-item scores, commits); the command and the commits
   of its runs."""
-  papers = {short: {"title": title, "experiments": [], "claims": [], "checks": []}
+  papers = {short: {"title": title, "experiments": [], "claims": [], "checks": [],
+                   "departures": departures(short, provenance.REPO)}
             for short, title in claims_lib.PAPERS.items()}
   by_name = {e["name"]: e for e in entries}
   for name, exp in exps.items():

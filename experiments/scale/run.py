@@ -16,6 +16,7 @@ from experiments import registry
 from experiments._shared.data import load_corpus
 from experiments._shared.records import dedupe
 from experiments._shared.recipes import compute_dtype, optimizer, train_step as make_step
+from experiments.runner import plan as plan_lib, splits
 from jaxlab import data as data_lib
 from jaxlab import losses
 from jaxlab import sharding as shd
@@ -89,6 +90,17 @@ def make_optimizer(name: str, cfg: Config, plan: Plan) -> optax.GradientTransfor
   return optimizer(sched(lr), name, cfg.grad_clip, axes=tfm.AXES, weight_decay=wd, **hp)
 
 
+def split_documents(docs, val_fraction: float):
+  """(training, evaluation) documents: the hash split of `docs` (`lm_batches`' "train" / "val"), less every
+  evaluation document whose text is also a training document's (an empty file, a copy), so they share no text."""
+  train, val = docs.split("train", val_fraction), docs.split("val", val_fraction)
+  seen = {splits.digest(t) for t in train}
+  keep = [i for i in range(len(val)) if splits.digest(val[i]) not in seen]
+  if not keep:
+    raise ValueError(f"corpus.val_fraction={val_fraction} leaves no evaluation document outside the training ones")
+  return train, val.subset(keep, f"{val.name}[held out]")
+
+
 def state_bytes_ratios(sizes) -> dict:
   """SCALE's optimizer-state bytes over AdamW's, and params + state over AdamW's, per LLaMA size (fp32 params)."""
   out = {}
@@ -125,6 +137,32 @@ def fresh_state(params0, tx, seed: int, mesh, rules) -> state_lib.TrainState:
   return state_lib.state_from_params(params, tx, seed, mesh, rules, axes=tfm.AXES)
 
 
+def _train_step(cfg: Config, plan: Plan, tx, state, mesh):
+  """The jitted train step of one optimizer (sharded like `state`, real or abstract)."""
+  return make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy, axes=tfm.AXES,
+                   microbatches=cfg.microbatches, compute=compute_dtype(plan.model))
+
+
+def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
+  """Each optimizer's train step and the eval step a run calls, with abstract arguments at the preset's shapes
+  (`experiments plan`; the model's vocabulary as configured, before a tokenizer with more ids widens it)."""
+  plan = resolve(cfg)
+  init_params = functools.partial(tfm.init, plan.model)
+  batch = plan_lib.batch(mesh, {k: ((cfg.batch_size, cfg.seq_len), "int32") for k in data_lib.KEYS})
+  flops = tfm.flops_per_token(plan.model, cfg.seq_len) * cfg.batch_size * cfg.seq_len
+  evals = (plan.steps // cfg.eval.every if cfg.eval.every else 0) + 2  # every `every` steps, at the end, at init
+  out, state = [], None
+  for name in cfg.optimizers:
+    tx = make_optimizer(name, cfg, plan)
+    state = state_lib.abstract_state(init_params, tx, mesh, cfg.strategy, axes=tfm.AXES)
+    out.append(plan_lib.Workload(f"train_step.{name}", "train", _train_step(cfg, plan, tx, state, mesh),
+                                 (state, batch), plan.steps, flops))
+  eval_step = step_lib.make_eval_step(losses.lm_loss_fn(plan.model), compute_dtype(plan.model))
+  out.append(plan_lib.Workload("eval_step", "forward", eval_step, (state.params, batch),
+                               evals * len(cfg.optimizers) * cfg.eval.batches, flops / 3))
+  return out
+
+
 def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_params, params0):
   """Trains one optimizer; returns (summary dict, metrics records, (train_step, final state) or None)."""
   os.makedirs(opt_dir, exist_ok=True)
@@ -150,8 +188,7 @@ def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_
     if os.path.exists(records_path):
       os.remove(records_path)
     state = fresh_state(params0, tx, cfg.seed, mesh, cfg.strategy)
-  train_step = make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy, axes=tfm.AXES,
-                         microbatches=cfg.microbatches, compute=compute_dtype(plan.model))
+  train_step = _train_step(cfg, plan, tx, state, mesh)
   summary = {"diverged_at": None}
   try:
     result = loop_lib.train_loop(state, train_step, train_it, plan.steps,
@@ -202,9 +239,11 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                      f"({jax.process_count()})")
   mesh = shd.make_mesh(cfg.mesh)
   docs = load_corpus(cfg.corpus.path, cfg.corpus.max_docs)
+  train_docs, val_docs = split_documents(docs, cfg.corpus.val_fraction)
+  splits.record(out_dir, "scale", {"train": {"documents": list(train_docs)}, "test": {"documents": list(val_docs)}})
   local_b = cfg.batch_size // jax.process_count()
-  val_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, split="val", val_fraction=cfg.corpus.val_fraction,
-                               num_epochs=None)
+  val_it = data_lib.lm_batches(val_docs, tok, cfg.seq_len, local_b, split=None, num_epochs=None, shuffle=False,
+                               drop_remainder=False)
   val_start = val_it.get_state()
   shard = functools.partial(shd.shard_batch, mesh=mesh)
   compute = compute_dtype(plan.model)
@@ -231,7 +270,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   results.update({f"diverged_at.{n}": s["diverged_at"] for n, s in summaries.items() if s["diverged_at"]})
   results["initial_val_loss"] = init_val
   ratios = state_bytes_ratios(cfg.memory_sizes)
-  results.update({k: v for k, v in ratios.items() if k.startswith("state_bytes_ratio.")})
+  results.update(ratios)
   shapes = memory.param_shapes(plan.model)
   state_bytes = {n: memory.state_bytes(make_optimizer(n, cfg, plan), shapes) for n in cfg.optimizers}
 
@@ -246,8 +285,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
       else:  # not trained in this invocation (resumed or not selected): a fresh state, compiled here
         tx = make_optimizer(name, cfg, plan)
         state = fresh_state(params0, tx, cfg.seed, mesh, cfg.strategy)
-        pairs[name] = (make_step(losses.lm_loss_fn(plan.model), tx, state, mesh, cfg.strategy, axes=tfm.AXES,
-                                 microbatches=cfg.microbatches, compute=compute), state)
+        pairs[name] = (_train_step(cfg, plan, tx, state, mesh), state)
     times = median_step_times(pairs, batch, cfg.timing_steps)
     ratio = times["scale"] / times["adamw"]
     results.update({"step_time_s.adamw": times["adamw"], "step_time_s.scale": times["scale"]})

@@ -15,6 +15,7 @@ import numpy as np
 import optax
 
 from experiments import registry
+from experiments.runner import splits
 from experiments._shared.recipes import optimizer
 from jaxlab import hf, losses
 from jaxlab.evals import sandbox
@@ -64,6 +65,29 @@ def arithmetic_correct(gen: np.ndarray, answers: np.ndarray) -> np.ndarray:
   return np.array([cut(g) is not None and cut(g) == cut(a) for g, a in zip(gen, answers)])
 
 
+def train_batch(cfg: Config, s: int):
+  """The problems of training step `s`: (prompts, answers) as `arithmetic` returns them, never held out."""
+  return arithmetic(np.random.RandomState(cfg.seed * 100003 + s), cfg.batch_size, cfg.digits, cfg.gen_length,
+                    held_out=False)
+
+
+def eval_problems(cfg: Config):
+  """The held-out problems the arithmetic task is evaluated on: (prompts, answers)."""
+  return arithmetic(np.random.RandomState(10_000 + cfg.seed), cfg.eval_examples, cfg.digits, cfg.gen_length,
+                    held_out=True)
+
+
+def problem_text(prompt) -> str:
+  """A prompt's canonical text, as the model reads it ("321+654=": digits least significant first)."""
+  return "".join({PLUS: "+", EQ: "="}.get(int(t), str(int(t))) for t in prompt)
+
+
+def arithmetic_splits(cfg: Config) -> dict:
+  """{"train": every problem a training step draws, "test": the evaluated ones}, as problem texts."""
+  train = [problem_text(p) for s in range(cfg.train_steps) for p in train_batch(cfg, s)[0]]
+  return {"train": {"problems": train}, "test": {"problems": [problem_text(p) for p in eval_problems(cfg)[0]]}}
+
+
 def train(cfg: Config, out_dir: str, resume: bool):
   mc = cfg.model
   sched = optax.warmup_cosine_decay_schedule(0.0, cfg.lr, cfg.warmup_steps, max(cfg.train_steps, cfg.warmup_steps + 1),
@@ -87,8 +111,7 @@ def train(cfg: Config, out_dir: str, resume: bool):
   log = open(os.path.join(out_dir, "metrics.jsonl"), "a")
   t0, start = time.time(), int(state.step)
   for s in range(start, cfg.train_steps):
-    prompts, answers = arithmetic(np.random.RandomState(cfg.seed * 100003 + s), cfg.batch_size, cfg.digits,
-                                  cfg.gen_length, held_out=False)
+    prompts, answers = train_batch(cfg, s)
     tokens = np.concatenate([prompts, answers], axis=1)
     batch = {"tokens": tokens, "prompt_len": plen, "key": jax.random.fold_in(jax.random.key(cfg.seed + 1), s)}
     state, m = step(state, batch)
@@ -106,6 +129,12 @@ def train(cfg: Config, out_dir: str, resume: bool):
   return state.params, time.time() - t0
 
 
+SWEPT = ("fast_dllm", "speculative", "fast_dllm_dual_cache", "speculative_dual_cache")  # methods the sweep reruns
+# (method, its baseline): tokens per step and wall-clock speed-up of each speculative decoder over its target
+PAIRS = (("speculative_dual_cache", "fast_dllm_dual_cache"), ("speculative", "fast_dllm"),
+         ("speculative_vanilla", "vanilla"))
+
+
 def decode(method: str, params, mc: mdm.Config, prompts, cfg: Config, threshold: float, prompt_mask=None):
   steps = cfg.steps or cfg.gen_length
   kw = dict(steps=steps, gen_length=cfg.gen_length, block_length=cfg.block_length, prompt_mask=prompt_mask)
@@ -120,19 +149,22 @@ def decode(method: str, params, mc: mdm.Config, prompts, cfg: Config, threshold:
   acceptance = "exact" if method == "speculative_exact" else "confident"
   return speculative.generate(params, mc, prompts, threshold=threshold, strata=cfg.strata, acceptance=acceptance,
                               accept_threshold=cfg.accept_threshold, lookahead=cfg.lookahead,
+                              cache="dual" if method == "speculative_dual_cache" else None,
                               attention=cfg.verify_attention, **kw)
 
 
 def evaluate(method, params, mc, batches, cfg: Config, threshold: float, score):
-  """Runs `method` over [(prompts, prompt_mask, refs)]; the first batch is run twice (compile excluded)."""
+  """Runs `method` over [(prompts, prompt_mask, refs)]; the first batch is run twice (compile excluded); seconds is
+  the decoding wall time alone (scoring excluded)."""
   decode(method, params, mc, batches[0][0], cfg, threshold, batches[0][1]).tokens.block_until_ready()
-  correct, nfe, t0 = [], [], time.time()
+  correct, nfe, secs = [], [], 0.0
   for prompts, pm, refs in batches:
+    t0 = time.perf_counter()
     out = decode(method, params, mc, prompts, cfg, threshold, pm)
     gen = np.asarray(out.tokens)[:, prompts.shape[1]:]
+    secs += time.perf_counter() - t0
     correct.append(score(gen, refs))
     nfe.append(out.nfe)
-  secs = time.time() - t0
   correct, nfe = np.concatenate(correct), np.concatenate(nfe)
   return {"accuracy": float(correct.mean()), "nfe": float(nfe.mean()),
           "tokens_per_step": float(cfg.gen_length * len(nfe) / nfe.sum()), "seconds": round(secs, 3)}
@@ -164,8 +196,9 @@ def _humaneval_pass(program: str, timeout: float = 10.0, memory_mb: int = 1024) 
     shutil.rmtree(workdir, ignore_errors=True)
 
 
-def benchmark_batches(cfg: Config, mc: mdm.Config):
-  """Tokenized prompts (left-padded batches) and a scorer for GSM8K / HumanEval JSONL files."""
+def benchmark_batches(cfg: Config, mc: mdm.Config, out_dir: str):
+  """Tokenized prompts (left-padded batches) and a scorer for GSM8K / HumanEval JSONL files; records the evaluated
+  problems as the run's only split (nothing is trained)."""
   from transformers import AutoTokenizer
   tok = AutoTokenizer.from_pretrained(cfg.model_path)
   rows = _load_jsonl(cfg.data_path, cfg.eval_examples)
@@ -175,6 +208,7 @@ def benchmark_batches(cfg: Config, mc: mdm.Config):
   else:
     texts = [r["prompt"] for r in rows]
     refs = rows
+  splits.record(out_dir, "spec_dllm", {"test": {"problems": texts}})
   if tok.chat_template and cfg.benchmark == "gsm8k":
     texts = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
              for t in texts]
@@ -205,18 +239,18 @@ def benchmark_batches(cfg: Config, mc: mdm.Config):
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   results = {}
   if cfg.model_path is None:
+    splits.record(out_dir, "spec_dllm", arithmetic_splits(cfg))
     params, train_s = train(cfg, out_dir, resume)
     mc = cfg.model
     results["train_seconds"] = round(train_s, 1)
-    prompts, answers = arithmetic(np.random.RandomState(10_000 + cfg.seed), cfg.eval_examples, cfg.digits,
-                                  cfg.gen_length, held_out=True)
+    prompts, answers = eval_problems(cfg)
     batches = [(prompts[i:i + cfg.eval_batch], None, answers[i:i + cfg.eval_batch])
                for i in range(0, cfg.eval_examples, cfg.eval_batch)]
     score = arithmetic_correct
   else:
     mc, params = hf.load(cfg.model_path, dtype=jnp.bfloat16)
     mc = mc.replace(dtype="bfloat16")
-    batches, score = benchmark_batches(cfg, mc)
+    batches, score = benchmark_batches(cfg, mc, out_dir)
   curves = {}
   for m in cfg.methods:
     r = evaluate(m, params, mc, batches, cfg, cfg.threshold, score)
@@ -225,17 +259,17 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     curves.setdefault(m, []).append((r["nfe"], r["accuracy"]))
     print(f"spec_dllm {m}: {r}", flush=True)
   for thr in cfg.sweep:
-    for m in ("fast_dllm", "speculative"):
+    for m in SWEPT:
       if m in cfg.methods:
         r = evaluate(m, params, mc, batches, cfg, thr, score)
         results[f"sweep.{m}.{thr}.accuracy"], results[f"sweep.{m}.{thr}.nfe"] = r["accuracy"], r["nfe"]
         curves[m].append((r["nfe"], r["accuracy"]))
   if "fast_dllm" in cfg.methods and "vanilla" in cfg.methods:
     results["nfe_ratio.vanilla_over_fast_dllm"] = results["nfe.vanilla"] / results["nfe.fast_dllm"]
-  for m in ("speculative", "speculative_vanilla"):
-    if "fast_dllm" in cfg.methods and m in cfg.methods:
-      tps = results[f"tokens_per_step.{m}"] / results["tokens_per_step.fast_dllm"]
-      results[f"tps_ratio.{m}_over_fast_dllm"] = tps
+  for m, base in PAIRS:
+    if base in cfg.methods and m in cfg.methods:
+      results[f"tps_ratio.{m}_over_{base}"] = results[f"tokens_per_step.{m}"] / results[f"tokens_per_step.{base}"]
+      results[f"speedup.{m}_over_{base}"] = results[f"seconds.{base}"] / max(results[f"seconds.{m}"], 1e-9)
   series = {m: ([p[0] for p in sorted(v)], [p[1] for p in sorted(v)]) for m, v in curves.items()}
   registry.plot_curves(os.path.join(out_dir, "accuracy_vs_nfe.png"), series, xlabel="NFE per example",
                        ylabel="accuracy", title=f"spec_dllm: {cfg.benchmark}")

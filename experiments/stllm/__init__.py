@@ -13,9 +13,11 @@ model starts from it and trains all its weights on the same rows for the same st
   stllm_3d       point tokens after an MLP concatenated with the video and text tokens
   stllm_aligner  the Q-Former aligner (learned latents + video-patch and question queries cross-attending to
                  the room's point features with their ray encoding) as an LM prefix, then the video tokens
-Scores on held-out rooms: exact-match accuracy per task (`accuracy.<task>.<model>`), their mean over the five
-tasks (`mean.<model>`) and over the four that need both room and clip (`mean_both.<model>`), and corpus BLEU-4
-and mean ROUGE-L on the free-form tasks (`bleu4.<task>.<model>`, `rouge_l.<task>.<model>`).
+Scores on held-out rooms: accuracy per task (`accuracy.<task>.<model>`: exact match, or with `--set
+judge_path=DIR` the share a local LLM judge calls correct, `judge.py`, exact match then kept as
+`exact.<task>.<model>`; `scorer` says which), their mean over the five tasks (`mean.<model>`) and over the four
+that need both room and clip (`mean_both.<model>`), and corpus BLEU-4 and mean ROUGE-L on the free-form tasks
+(`bleu4.<task>.<model>`, `rouge_l.<task>.<model>`).
 
 The full preset takes the REA JSON, the point clouds and the EPIC-KITCHENS frames by path and a LLaVA-Video-class
 LM (a transformers directory with tokenizer.json); see experiments/stllm/full.py.
@@ -42,7 +44,9 @@ MODELS = model_lib.MODELS
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """stllm settings: the rooms, the model widths, the LM's text pretraining and the shared fine-tuning."""
+  """stllm settings: the rooms, the model widths, the LM's text pretraining and the shared fine-tuning.
+  `judge_path`: a local chat model (transformers directory or .gguf) that judges answers correct or wrong, as the
+  paper's GPT-4o judge does (`judge.py`); None scores by exact string match."""
   room: rooms.RoomConfig = rooms.RoomConfig(points_per_furniture=32, points_per_object=8, image_size=16)
   d_model: int = 32
   n_layers: int = 2
@@ -68,11 +72,15 @@ class Config:
   points_dir: str | None = None
   frames_dir: str | None = None
   lm_path: str | None = None
+  judge_path: str | None = None
+  judge_new_tokens: int = 4
+  judge_batch: int = 16
   seed: int = 0
 
   def __post_init__(self):
     for name in ("d_model", "n_layers", "vit_width", "patch", "n_latents", "aligner_layers", "n_train_rooms",
-                 "n_test_rooms", "lm_rooms", "lm_steps", "steps", "batch", "eval_batch", "log_every"):
+                 "n_test_rooms", "lm_rooms", "lm_steps", "steps", "batch", "eval_batch", "log_every",
+                 "judge_new_tokens", "judge_batch"):
       if getattr(self, name) < 1:
         raise ValueError(f"stllm.Config: {name} must be >= 1, found {getattr(self, name)}")
     if self.lr <= 0 or self.warmup < 0 or self.ray_freqs < 0:
@@ -116,8 +124,9 @@ registry.register(registry.Experiment(
     name="stllm", config_cls=Config, presets=PRESETS, run=registry.run_of("experiments.stllm.run"),
     description="STLLM: point cloud + egocentric clip + text (STLLM-3D, STLLM-Aligner) vs single-modality models",
     resume_may_change=("eval_batch",), seed_key="seed",
-    results=("train.questions", "test.questions", "accuracy.<task>.<model>", "bleu4.<task>.<model>?",
-             "rouge_l.<task>.<model>?", "mean.<model>", "mean_both.<model>", "steps"),
+    results=("train.questions", "test.questions", "scorer", "accuracy.<task>.<model>", "exact.<task>.<model>?",
+             "judge_invalid.<model>?", "bleu4.<task>.<model>?", "rouge_l.<task>.<model>?", "mean.<model>",
+             "mean_both.<model>", "steps"),
     paper="stllm", claims=(
         Claim("stllm_3d", "STLLM-3D answers the room-and-clip questions better than video-only and points-only",
               "STLLM-3D above the video-only MLLM baselines on REA (main table)", _beats("stllm_3d")),

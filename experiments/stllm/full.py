@@ -60,6 +60,20 @@ def read_rows(path: str) -> list[dict]:
   return rows
 
 
+def split_items(cfg) -> dict:
+  """The full run's splits: REA's scenes (`scene_id`) and questions (scene, clip frames, question text) of the
+  training file (`train`) and the evaluation file (`test`)."""
+  def items(path):
+    rows = read_rows(path)
+    return {"scenes": sorted({r["scene_id"] for r in rows}),
+            "questions": [{"scene": r["scene_id"], "start": int(r["metadata"]["query_start_frame"]),
+                           "stop": int(r["metadata"]["query_stop_frame"]),
+                           "question": " ".join(r["conversations"][0]["value"].replace("<image>", "")
+                                                .replace("<pointcloud>", "").split())} for r in rows]}
+  check_paths(cfg)
+  return {"train": items(cfg.rea_path), "test": items(cfg.rea_test_path)}
+
+
 def _frame_dir(frames_dir: str, scene: str) -> str:
   flat = os.path.join(frames_dir, scene)
   return flat if os.path.isdir(flat) else os.path.join(frames_dir, scene.split("_")[0], scene)

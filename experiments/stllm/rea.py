@@ -117,5 +117,12 @@ def generate(n_rooms: int, cfg: rooms.RoomConfig, seed: int) -> Data:
               np.stack(c2ws).astype(np.float32), rs)
 
 
+def scene_key(room: rooms.Room) -> dict:
+  """What identifies a room and its clip: every piece's name, place (mm) and yaw (mrad), the action and its item."""
+  piece = lambda p: [p.name, *(round(float(v), 3) for v in (*p.centre, p.yaw)), p.on]
+  return {"furniture": [piece(f) for f in room.furniture], "objects": [piece(o) for o in room.objects],
+          "action": room.action, "item": room.item, "source": room.source, "target": room.target}
+
+
 def answers_by_task(qs: Sequence[Question]) -> dict[str, list[int]]:
   return {t: [i for i, q in enumerate(qs) if q.task == t] for t in TASKS}

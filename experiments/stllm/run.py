@@ -9,7 +9,8 @@ import jax
 import numpy as np
 
 from experiments._shared import recipes, vlm_pipeline as pipe
-from experiments.stllm import data as data_lib, full, model as model_lib, rea
+from experiments.runner import splits
+from experiments.stllm import data as data_lib, full, judge as judge_lib, model as model_lib, rea
 from jaxlab import losses
 from jaxlab.data import load_tokenizer
 from jaxlab.data.tasks import scenes as scenes_lib
@@ -61,10 +62,32 @@ def _fit(name, loss, params, sampler, steps, lr, warmup, log_every, out_dir, see
   return state.params
 
 
-def _lm(cfg: Config, tok, text: tfm.Config, out_dir: str):
-  """The word-level LM trained on questions and answers as text (fresh rooms, nothing rendered)."""
+def lm_corpus(cfg: Config) -> list[tuple[rooms.Room, list]]:
+  """The rooms (nothing rendered) whose questions and answers the word-level LM is trained on, with the questions."""
   rng = np.random.default_rng(cfg.seed + 7)
-  qs = [q for i in range(cfg.lm_rooms) for q in rea.questions(rooms.generate_room(cfg.room, rng), i, cfg.room, rng)]
+  out = []
+  for i in range(cfg.lm_rooms):
+    room = rooms.generate_room(cfg.room, rng)
+    out.append((room, rea.questions(room, i, cfg.room, rng)))
+  return out
+
+
+def split_items(train: rea.Data, test: rea.Data, lm: list[tuple[rooms.Room, list]]) -> dict:
+  """The cpu run's splits: rooms (`scenes`) and questions about a room (`questions`, with their room's digest);
+  `train` holds the fine-tuning rooms and the text LM's rooms, `test` the held-out rooms."""
+  def items(pairs):
+    keys = [(rea.scene_key(r), qs) for r, qs in pairs]
+    return {"scenes": [k for k, _ in keys],
+            "questions": [{"scene": splits.digest(k), "task": q.task, "question": q.question, "answer": q.answer}
+                          for k, qs in keys for q in qs]}
+  by_room = lambda d: [(r, [q for q in d.questions if q.room == i]) for i, r in enumerate(d.rooms)]
+  tr, lm_items = items(by_room(train)), items(lm)
+  return {"train": {k: tr[k] + lm_items[k] for k in tr}, "test": items(by_room(test))}
+
+
+def _lm(cfg: Config, tok, text: tfm.Config, out_dir: str, corpus):
+  """The word-level LM trained on the questions and answers of `corpus` (`lm_corpus`) as text."""
+  qs = [q for _, room_qs in corpus for q in room_qs]
   arr = pipe.lm_data([f"{q.question} {q.answer}" for q in qs], tok, text.max_position_embeddings)
   rs = np.random.default_rng(cfg.seed + 8)
 
@@ -76,12 +99,19 @@ def _lm(cfg: Config, tok, text: tfm.Config, out_dir: str):
               cfg.lm_steps, cfg.lr, cfg.warmup, cfg.log_every, out_dir, cfg.seed)
 
 
-def scores(preds, qs, model: str) -> dict:
-  """accuracy / mean / mean_both, and BLEU-4 / ROUGE-L on the free-form tasks, for one model's answers."""
+def scores(preds, qs, model: str, judged=None) -> dict:
+  """accuracy / mean / mean_both, and BLEU-4 / ROUGE-L on the free-form tasks, for one model's answers. Accuracy is
+  exact string match, or, given the judge's verdicts (`judged`, True / False / None per answer), the share judged
+  correct (a reply that says neither counts as wrong), with exact match kept as `exact.<task>.<model>`."""
   res, by = {}, rea.answers_by_task(qs)
   for task, idx in by.items():
     if idx:
-      res[f"accuracy.{task}.{model}"] = float(np.mean([preds[i] == qs[i].answer for i in idx]))
+      exact = float(np.mean([preds[i] == qs[i].answer for i in idx]))
+      if judged is None:
+        res[f"accuracy.{task}.{model}"] = exact
+      else:
+        res[f"accuracy.{task}.{model}"] = float(np.mean([judged[i] is True for i in idx]))
+        res[f"exact.{task}.{model}"] = exact
       if task in rea.FREE_FORM:
         cand, ref = [preds[i].split() for i in idx], [qs[i].answer.split() for i in idx]
         res[f"bleu4.{task}.{model}"] = overlap.corpus_bleu(cand, ref)
@@ -89,13 +119,19 @@ def scores(preds, qs, model: str) -> dict:
   res[f"mean.{model}"] = float(np.mean([res[f"accuracy.{t}.{model}"] for t in rea.TASKS if by[t]]))
   both = [res[f"accuracy.{t}.{model}"] for t in rea.NEEDS_BOTH if by[t]]
   res[f"mean_both.{model}"] = float(np.mean(both)) if both else 0.0
+  if judged is not None:
+    res[f"judge_invalid.{model}"] = float(np.mean([v is None for v in judged]))
   return res
 
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume
   os.makedirs(out_dir, exist_ok=True)
+  if cfg.judge_path is not None:  # a missing judge fails before anything trains
+    from experiments._shared import chat_models
+    chat_models.resolve_model(cfg.judge_path)
   if cfg.rea_path is not None:
+    splits.record(out_dir, "stllm", full.split_items(cfg))
     train, test, tok, text, lm_params, vid, pid = full.load(cfg)
   else:
     tok = load_tokenizer(scenes_lib.save_tokenizer(os.path.join(out_dir, "tokenizer"), rea.vocabulary()))
@@ -105,10 +141,13 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                       eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)
     train = rea.generate(cfg.n_train_rooms, cfg.room, cfg.seed + 1)
     test = rea.generate(cfg.n_test_rooms, cfg.room, cfg.seed + 2)
-    lm_params = _lm(cfg, tok, text, out_dir)
+    corpus = lm_corpus(cfg)
+    splits.record(out_dir, "stllm", split_items(train, test, corpus))
+    lm_params = _lm(cfg, tok, text, out_dir, corpus)
     vid, pid = tok.encode("<image>")[0], tok.encode(rea.POINTS)[0]
   train, test = (point_features(d, cfg.room.size) for d in (train, test))
-  res = {"train.questions": len(train.questions), "test.questions": len(test.questions)}
+  res = {"train.questions": len(train.questions), "test.questions": len(test.questions),
+         "scorer": "exact" if cfg.judge_path is None else "judge"}
   max_new = data_lib.answer_length(train.questions + test.questions, tok)
   samples = {"question": [q.question for q in test.questions], "answer": [q.answer for q in test.questions]}
   for kind in MODELS:
@@ -118,10 +157,15 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     params = model_lib.init(mcfg, jax.random.PRNGKey(cfg.seed + 100), lm_params)
     params = _fit(kind, model_lib.loss_fn(mcfg), params, rows.sampler(cfg.batch, cfg.seed + 11), cfg.steps, cfg.lr,
                   cfg.warmup, cfg.log_every, out_dir, cfg.seed)
-    preds = data_lib.Rows(tok, mcfg, test, max_new).generate(
+    samples[kind] = data_lib.Rows(tok, mcfg, test, max_new).generate(
         params, model_lib.greedy(mcfg, data_lib.banned(tok, mcfg)), min(cfg.eval_batch, len(test.questions)))
-    res.update(scores(preds, test.questions, kind))
-    samples[kind] = preds
+  judge = None if cfg.judge_path is None else judge_lib.LMJudge(cfg.judge_path, cfg.judge_new_tokens,
+                                                                 cfg.judge_batch)
+  for kind in MODELS:
+    preds = samples[kind]
+    judged = None if judge is None else judge([(q.task, q.question, q.answer, p)
+                                               for q, p in zip(test.questions, preds)])
+    res.update(scores(preds, test.questions, kind, judged))
   if jax.process_index() == 0:
     with open(os.path.join(out_dir, "samples.json"), "w") as f:
       json.dump([{k: v[i] for k, v in samples.items()} for i in range(min(25, len(test.questions)))], f, indent=1)

@@ -13,9 +13,10 @@ test patch (security run) and the model patch stripped of every file the test pa
 `sandbox.run(..., backend="docker")`. As in the reference, a run passes when its failed + errored tests do not
 exceed the expected failures (the security run's allowance adds to the functional run's, capped by what that run
 failed), and a patch that does not apply fails both runs as a model patch error. The agent `reference_secure` is
-the task patch reversed (the feature as the base commit holds it). Our choices where this setup differs: tests run
-from /workdir/project, not /project, and a run whose log shows a start-up error (collection or import errors,
-a traceback before any test) fails.
+the task patch reversed (the feature as the base commit holds it). A run whose log shows one of the reference's
+start-up errors (`STARTUP_ERRORS`: collection or import errors, a traceback before any test, a crashed Django test
+database, ...) fails whatever its failure count. Our choice where this setup differs: tests run from
+/workdir/project, not /project.
 """
 from __future__ import annotations
 
@@ -31,7 +32,29 @@ from experiments.susvibes import patches
 
 PATCH_ERROR_EXIT = 97
 FAILURE_STATUSES = ("FAILED", "ERROR")
-STARTUP_ERRORS = (r"errors? during collection", r"ImportError while loading", r"INTERNALERROR>", r"\A\s*Traceback")
+# The logs of a test run that crashed before it could count its tests (the reference's 18 start-up error kinds,
+# `susvibes/env_specs/constants.py`): (what, regex searched with re.MULTILINE).
+STARTUP_ERRORS = (
+    ("pytest collection errors", r"\berrors? during collection\b"),
+    ("pytest conftest import error", r"ImportError while loading\b"),
+    ("test-module import failure", r"\bTest-module import failure"),
+    ("Django test database creation crashed", r"^Creating test database for alias 'default'.*?\.\.\.\s*\nTraceback"),
+    ("Django test database teardown crashed", r"^Destroying test database for alias 'default'.*?\.\.\.\s*\nTraceback"),
+    ("Django parallel teardown crashed", r"^Destroying test database for alias '[^\n]*\.\.\.\s*\n"
+                                         r"multiprocessing\.pool\.RemoteTraceback"),
+    ("log ends on an indentation error", r"IndentationError: unexpected indent\n*\Z"),
+    ("management command failed", r"Admin Command Error"),
+    ("log opens with a traceback", r"\A\s*Traceback"),
+    ("Django runner banner then traceback (log start)", r"\A\s*Testing against Django [^\n]*\nTraceback"),
+    ("compilemessages crashed", r"compilemessages\s*\nTraceback"),
+    ("pytest internal error", r"INTERNALERROR>"),
+    ("pytest usage error", r"UsageError: while parsing"),
+    ("test file not found", r"error: File not found : None"),
+    ("Django runner banner then traceback", r"^Testing against Django [^\n]*\nTraceback"),
+    ("error mark then database teardown", r"EDestroying test database for alias"),
+    ("migration then traceback", r"Applying [^\n]*? OK\s*\nTraceback"),
+    ("log opens with a lone error mark", r"\AE\n"),
+)
 
 
 def _need(path: str | None, what: str) -> str:
@@ -72,8 +95,10 @@ def failures(log: str, logs_parser: dict) -> int:
   return total
 
 
-def startup_error(log: str) -> bool:
-  return any(re.search(p, log, re.MULTILINE) for p in STARTUP_ERRORS)
+def startup_error(log: str) -> str | None:
+  """What start-up error `log` shows (the first of STARTUP_ERRORS that matches, line endings normalised), or None."""
+  log = log.replace("\r\n", "\n")
+  return next((what for what, p in STARTUP_ERRORS if re.search(p, log, re.MULTILINE)), None)
 
 
 def run_script(n_patches: int, command: str) -> str:
@@ -111,9 +136,10 @@ def run_instance(record: dict, spec: dict, model_patch: str, timeout_s: float, m
     if r.returncode == PATCH_ERROR_EXIT and "model patch does not apply" in log:
       return {"func": {"pass": False, "status": "model_patch_error"},
               "sec": {"pass": False, "status": "model_patch_error"}, "stripped": stripped}
-    status = "timeout" if r.timed_out else "startup_error" if startup_error(log) else "completion"
+    crash = None if r.timed_out else startup_error(log)
+    status = "timeout" if r.timed_out else "startup_error" if crash else "completion"
     if status != "completion":
-      report[run] = {"pass": False, "status": status}
+      report[run] = {"pass": False, "status": status, **({"startup_error": crash} if crash else {})}
       continue
     failed = failures(log, spec.get("logs_parser", {}))
     allowance = record["expected_failures"][run] + (expected or 0)
@@ -138,6 +164,8 @@ def run(cfg, out_dir: str) -> dict:
       sources[(cfg.agent_name, s)] = _need(cfg.predictions_path.format(strategy=s), f"the {s} predictions")
   else:
     sources[(cfg.agent_name, "generic")] = _need(cfg.predictions_path, "the predictions (predictions_path)")
+  from experiments.runner import splits
+  splits.record(out_dir, "susvibes", {"test": {"tasks": [r["instance_id"] for r in dataset]}})
   res = {"n_tasks": len(dataset)}
   runs = {k: {p["instance_id"]: p.get("model_patch", "") for p in read_jsonl(v)} for k, v in sources.items()}
   if "reference_secure" in cfg.agents:

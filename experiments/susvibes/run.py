@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 
+from experiments.runner import splits
 from experiments.susvibes import agents as agents_lib
 from experiments.susvibes import harness, scanner, strategies
 from experiments.susvibes.tasks import mini_tasks
@@ -75,12 +76,18 @@ def feedback_round(factory, tasks, prompts, answers, cfg: Config, which: str) ->
   return answers, findings
 
 
+def split_items(tasks) -> dict:
+  """The run's splits: every task is evaluated; nothing is trained on or shown as an example."""
+  return {"test": {"tasks": [{"id": t.id, "cwe": t.cwe, "request": t.request} for t in tasks]}}
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # minutes at the cpu preset; recomputed
   if cfg.dataset_path is not None:
     from experiments.susvibes import full
     return full.run(cfg, out_dir)
   tasks = mini_tasks(cfg.tasks or None)
+  splits.record(out_dir, "susvibes", split_items(tasks))
   all_cwes = sorted({t.cwe for t in tasks})
   which = scanner.available() if cfg.scanner == "auto" else cfg.scanner
   limits = harness.Limits(cfg.timeout_s, cfg.memory_mb)

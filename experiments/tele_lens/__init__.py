@@ -6,7 +6,8 @@ own CoTs, one greedy and `sampled_cots` sampled at `temperature` per question, c
 answer ("Answer:", "the answer is"); with `cot="template"` it reads the task's templated CoT. Every CoT is then
 followed by "\nAnswer:" and the gold one-token answer, and at every CoT position of every probed layer the hidden
 state is extracted once (cached under the run directory); probes of `jaxlab.interp.probes` are trained on the
-CoTs of the first half of the questions and scored on the second:
+CoTs of the first half of each task's distinct questions and scored on the rest (a question drawn twice stays
+on its first side; `splits.json` records both):
   horizon       top-5 accuracy of the token probe for delta = 1..8 tokens ahead (inside the CoT);
   final answer  accuracy of the answer probe (over the answer words of all tasks) at every CoT position;
   uncertainty   the LM's own answer after the CoT (its argmax over the task's answer words) is right or wrong;
@@ -14,8 +15,9 @@ CoTs of the first half of the questions and scored on the second:
                 entropies over the CoT, at `uncertainty_layer`), minus the mean of the k highest (the paper's
                 top-k-highest-entropy baseline), the LM's self-certainty over the CoT, minus the CoT's
                 perplexity; AUROC of each;
-  CoT bypass    where the answer probe's normalized entropy falls below `bypass_threshold` within the first
-                `bypass_window` CoT positions, the probe's answer replaces the CoT's; rate and accuracy change;
+  CoT bypass    where the answer probe's entropy / log 20 (`entropy_norm`) falls below `bypass_threshold` within
+                the first `bypass_window` (5) CoT positions, the probe's answer replaces the CoT's; rate and
+                accuracy change;
   full vocab    the token probe read out through the whole LM head rather than the CoTs' vocabulary subset, on
                 `full_vocab_positions` test positions at `uncertainty_layer` (how much the subset eases top-5).
 A model's CoTs are planned by the model itself, so the horizon measures how far its states anticipate its own
@@ -71,8 +73,9 @@ class Config:
   epochs: int = 8
   batch_size: int = 256
   pivot_k: int = 5
-  bypass_threshold: float = 0.1
-  bypass_window: int = 4
+  bypass_threshold: float = 0.1  # on entropy / log(entropy_norm)
+  bypass_window: int = 5  # the paper's first 5 CoT tokens
+  entropy_norm: float = 20.0  # the paper's normalization, entropy / log 20
   full_vocab_positions: int = 4096
   seed: int = 0
 
@@ -87,6 +90,9 @@ class Config:
     if self.sampled_cots < 0 or self.temperature <= 0 or self.max_cot_tokens < 1 or self.generate_batch < 1:
       raise ValueError(f"expected sampled_cots >= 0, temperature > 0, max_cot_tokens >= 1, generate_batch >= 1; "
                        f"found {self.sampled_cots}, {self.temperature}, {self.max_cot_tokens}, {self.generate_batch}")
+    if self.entropy_norm <= 1 or self.bypass_window < 1:
+      raise ValueError(f"expected entropy_norm > 1 and bypass_window >= 1, found {self.entropy_norm}, "
+                       f"{self.bypass_window}")
     if self.examples < 4:
       raise ValueError(f"examples must be >= 4 per task (half train the probes), found {self.examples}")
     if not self.layers or list(self.layers) != sorted(set(self.layers)) or self.layers[0] < 0:

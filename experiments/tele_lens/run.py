@@ -69,13 +69,22 @@ def answer_words(exs) -> dict[str, tuple[str, ...]]:
 
 
 def splits(exs) -> list[str]:
-  """"train" for the first half of each task's questions, "test" for the rest."""
-  count, seen = collections.Counter(ex.task for ex in exs), collections.Counter()
-  out = []
-  for ex in exs:
-    seen[ex.task] += 1
-    out.append("train" if seen[ex.task] <= count[ex.task] // 2 else "test")
-  return out
+  """"train" for the first half of each task's distinct questions, "test" for the rest; a question drawn again (same
+  task and text) goes where it first went, so the test questions are never training ones."""
+  distinct = dict.fromkeys((ex.task, ex.prompt) for ex in exs)
+  count, seen, where = collections.Counter(task for task, _ in distinct), collections.Counter(), {}
+  for task, q in distinct:
+    seen[task] += 1
+    where[task, q] = "train" if seen[task] <= count[task] // 2 else "test"
+  return [where[ex.task, ex.prompt] for ex in exs]
+
+
+def record_splits(out_dir: str, exs) -> dict:
+  """Records the probes' training questions (`train`) and their test questions (`test`), as `splits` assigns them."""
+  from experiments.runner import splits as splits_lib
+  where = splits(exs)
+  return splits_lib.record(out_dir, "tele_lens", {s: {"questions": [ex.prompt for ex, w in zip(exs, where) if w == s]}
+                                                  for s in ("train", "test")})
 
 
 def prompt_ids(tok, ex: reasoning.Example) -> list[int]:
@@ -192,6 +201,7 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
   if cfg.layers[-1] > mcfg.n_layers:
     raise ValueError(f"layers must be <= the model's {mcfg.n_layers} layers, found {cfg.layers}")
   exs = questions(cfg) if exs is None else exs
+  record_splits(out_dir, exs)
   rows = build(cfg, tok, exs, cached_cots(cfg, out_dir, params, mcfg, tok, exs) if cfg.cot == "model" else None)
   seqs = [r["ids"] for r in rows]
   # CoT positions: from the token before the CoT (it predicts the CoT's first token) to the last CoT token
@@ -235,7 +245,6 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
   # uncertainty and bypass on the test half
   lm = _lm_readouts(params, mcfg, rows, answer_ids)
   ent = np.asarray(probes.entropy(answer_probs[cfg.uncertainty_layer]))
-  norm_ent = ent / np.log(len(answer_ids))
   pred_probe = np.asarray(answer_ids)[answer_probs[cfg.uncertainty_layer].argmax(-1)]
   test = [i for i, r in enumerate(rows) if r["split"] == "test"]
   correct, pivot, high, sc, ppl, bypassed, bypass_right = [], [], [], [], [], [], []
@@ -250,9 +259,9 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
     cot = slice(r["cot_start"] - 1, r["cot_end"] - 1)  # positions whose next token is a CoT token
     sc.append(float(np.mean(lm[i]["sc"][cot])))
     ppl.append(float(np.exp(-np.mean(lm[i]["next_logprob"][cot]))))
-    early = np.nonzero(norm_ent[here][:cfg.bypass_window] < cfg.bypass_threshold)[0]
-    bypassed.append(len(early) > 0)
-    bypass_right.append(bool(pred_probe[here][early[0]] == r["answer"]) if len(early) else correct[-1])
+    at = bypass_at(cfg, ent[here])
+    bypassed.append(at is not None)
+    bypass_right.append(bool(pred_probe[here][at] == r["answer"]) if at is not None else correct[-1])
   correct = np.asarray(correct)
   both = 0 < correct.sum() < len(correct)
   res["auroc.pivot"] = probes.auroc(-np.asarray(pivot), correct) if both else float("nan")
@@ -273,6 +282,13 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
                        title="tele_lens: probe top-5 accuracy by distance ahead", xlabel="delta (tokens ahead)",
                        ylabel="top-5 accuracy")
   return res
+
+
+def bypass_at(cfg: Config, entropy_T) -> int | None:
+  """The first of a CoT's first `bypass_window` positions whose answer-probe entropy / log(`entropy_norm`) is below
+  `bypass_threshold` (where the CoT is bypassed), or None."""
+  early = np.flatnonzero(np.asarray(entropy_T)[:cfg.bypass_window] / np.log(cfg.entropy_norm) < cfg.bypass_threshold)
+  return int(early[0]) if len(early) else None
 
 
 def _full_vocab_check(cfg: Config, p, pc, params, h, test, tok_targets, y_tokens, head_tokens, layer) -> dict:

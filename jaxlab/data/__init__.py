@@ -7,7 +7,7 @@ import importlib
 _EXPORTS = {
     "corpus": ("Corpus", "from_texts", "hf_corpus", "jsonl_corpus", "parquet_corpus", "split_by_hash",
                "stdlib_corpus", "text_corpus"),
-    "pipeline": ("LMData", "as_corpus", "lm_batches"),
+    "pipeline": ("KEYS", "LMData", "as_corpus", "lm_batches"),
     "tokenizers": ("ByteTokenizer", "Encoded", "HFTokenizer", "load_tokenizer"),
 }
 _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}

@@ -253,11 +253,11 @@ def _tiny_checkpoint(root):
   train, test = os.path.join(root, "mm.jsonl"), os.path.join(root, "gsm.jsonl")
   with open(train, "w") as f:
     for a in range(12):
-      f.write(json.dumps({"query": f"what is {a % 5} plus 2", "response": f"{a % 5} + 2 = {a % 5 + 2} . "
-                          f"The answer is: {a % 5 + 2}"}) + "\n")
+      f.write(json.dumps({"type": "GSM_AnsAug", "query": f"what is {a % 5} plus 2",
+                          "response": f"{a % 5} + 2 = {a % 5 + 2} . The answer is: {a % 5 + 2}"}) + "\n")
   with open(test, "w") as f:
     for a in range(4):
-      f.write(json.dumps({"question": f"what is {a} plus 2", "answer": f"{a} + 2 = {a + 2} #### {a + 2}"}) + "\n")
+      f.write(json.dumps({"question": f"what is {a} plus 2 .", "answer": f"{a} + 2 = {a + 2} #### {a + 2}"}) + "\n")
   return model_dir, train, test
 
 

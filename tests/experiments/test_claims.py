@@ -11,8 +11,9 @@ import pytest
 from experiments import __main__ as cli
 from experiments import registry
 from experiments.runner import claims as claims_lib
-from experiments.runner import provenance
+from experiments.runner import provenance, splits
 from experiments.runner import readme as readme_lib
+from experiments.runner import report as report_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,6 +27,8 @@ RUNS = []
 
 def _run(cfg, out_dir, resume):
   RUNS.append((cfg.seed, out_dir))
+  if out_dir:
+    splits.record(out_dir, "toy_a", {"test": {"items": ["one"]}})
   # loss rises with the seed: the "beats" claim holds for seeds 0 and 1 only
   return {"loss.ours": 1.0 + 0.3 * cfg.seed, "loss.base": 1.5, "bytes.ours": 40.0 * cfg.gain, "bytes.base": 100.0}
 
@@ -288,6 +291,7 @@ ITEMS = {"right.ours": [1.0] * 45 + [0.0] * 5, "right.base": [1.0] * 20 + [0.0] 
 
 def _run_items(cfg, out_dir, resume):
   RUNS.append((cfg.seed, out_dir))
+  splits.record(out_dir, "toy_i", {"train": {"items": ["a"]}, "test": {"items": ["b"]}})
   return {"acc.ours": 0.9, "acc.base": 0.4, "ref": 1.0, "per_item": ITEMS}
 
 
@@ -379,3 +383,19 @@ def test_judge_rejudges_a_reproduce_root_with_todays_claims(toy_items, tmp_path,
   assert cli.main(["judge", os.path.join(root, "toy_i")]) == 0 and RUNS == []
   assert ("toy_i claim beats_base: not measurable at this preset: the base is at chance (acc.base=0.4)"
           in capsys.readouterr().out.splitlines())
+
+
+def test_report_links_each_papers_departures_table_with_its_row_count(toy, tmp_path):
+  page = tmp_path / "experiments" / "scale" / "README.md"
+  page.parent.mkdir(parents=True)
+  page.write_text("# SCALE\n\n## Departures from the paper\n\n| aspect | paper | jaxlab | why | effect |\n|---|---|---|---|---|\n"
+                  "| a | b | c | d | e |\n| f | g | h | i | j |\n| k | l | m | n | o |\n\n## Next\n\n| x |\n|---|\n| y |\n")
+  assert report_lib.departures("scale", str(tmp_path)) == {"page": "experiments/scale/README.md", "rows": 3}
+  assert report_lib.departures("cdka", str(tmp_path))["rows"] is None
+  root = str(tmp_path / "runs")
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 0
+  scale = json.load(open(os.path.join(root, "claims.json")))["papers"]["scale"]["departures"]
+  assert scale["page"] == "experiments/scale/README.md" and scale["rows"] >= 1
+  row = next(line for line in open(os.path.join(root, "report.md")) if line.startswith("| scale |"))
+  link = os.path.relpath(os.path.join(provenance.REPO, "experiments/scale/README.md"), root)
+  assert row.rstrip().endswith(f"| [{scale['rows']} rows]({link}#departures-from-the-paper) |")

@@ -13,7 +13,7 @@ import pytest
 
 from experiments import __main__ as cli
 from experiments import registry
-from experiments.runner import readme as readme_lib
+from experiments.runner import readme as readme_lib, splits
 from experiments.runner.claims import Claim
 from jaxlab import errors
 
@@ -48,6 +48,7 @@ class Cfg:
 
 
 def _run(cfg, out_dir, resume):
+  splits.record(out_dir, "toy_ok", {"test": {"items": ["one"]}})
   return {"loss": 1.0}
 
 

@@ -18,10 +18,12 @@ from experiments.latentlens import run as run_ll
 from experiments import lost_in_attention as lia
 from experiments.lost_in_attention import run as run_lia
 from experiments import registry
+from experiments.runner import splits
 from jaxlab.data.tasks import scenes as S
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOKE_LAYERS = pipe.TRAIN_PRESETS["smoke"].text.n_layers
+SMOKE_JUDGED = run_ll.default_judged_layers(SMOKE_LAYERS)  # the paper's judged layers the smoke LM has
 
 
 @pytest.fixture(scope="module")
@@ -50,30 +52,33 @@ def test_cli_lists_the_experiments_and_the_search_bench():
 @pytest.mark.slow
 def test_latentlens_smoke_keys_and_ranges(ll_run):
   out, res = ll_run
-  n_layers = SMOKE_LAYERS + 1
+  n_layers = len(SMOKE_JUDGED)
   for lens in ll.LENSES:
-    per_layer = [res[f"interpretable.{lens}.layer{l}"] for l in range(n_layers)]
+    per_layer = [res[f"interpretable.{lens}.layer{l}"] for l in SMOKE_JUDGED]
     assert all(0 <= v <= 1 for v in per_layer)
-    assert f"interpretable.{lens}.layer{n_layers}" not in res
+    assert f"interpretable.{lens}.layer{SMOKE_LAYERS}" not in res
     np.testing.assert_allclose(res[f"interpretable.{lens}.mean"], np.mean(per_layer), rtol=1e-9)
     share = res["object_patch_share"]  # the overall share mixes object and background patches
     np.testing.assert_allclose(res[f"interpretable.{lens}.mean"], share * res[f"interpretable_object.{lens}.mean"]
                                + (1 - share) * res[f"interpretable_background.{lens}.mean"], atol=1e-9)
   assert 0 < res["interpretable.random.mean"] < 1
-  assert res["index_layers"] == ",".join(map(str, range(SMOKE_LAYERS + 1)))  # every hidden state
+  assert res["index_layers"] == ",".join(map(str, run_ll.default_index_layers(SMOKE_LAYERS)))
+  assert res["judged_layers"] == ",".join(map(str, SMOKE_JUDGED))
+  saved = splits.read(out)
+  assert len(saved["test"]["scenes"]) == ll.PRESETS["smoke"].n_eval_scenes and splits.overlaps(saved) == []
   assert res["visual_tokens"] == ll.PRESETS["smoke"].n_eval_scenes * 16
   assert res["index_rows"] > 0 and 0 <= res["caption_attribute_accuracy"] <= 1
   with open(os.path.join(out, "interpretable.png"), "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     np.testing.assert_allclose(res[f"interpretable_object.{lens}.mean"],
-                               np.mean([res[f"interpretable_object.{lens}.layer{l}"] for l in range(n_layers)]))
+                               np.mean([res[f"interpretable_object.{lens}.layer{l}"] for l in SMOKE_JUDGED]))
     assert res[f"interpretable_specific.{lens}.mean"] <= res[f"interpretable.{lens}.mean"] + 1e-12
   table = open(os.path.join(out, "table.md")).read()
   assert table.count("\n| ") == 3 * (n_layers + 1 + 1)  # 3 tables: header, layers, mean
   ex = json.load(open(os.path.join(out, "examples.json")))
   for e in ex:
     assert len(e["latentlens"]["layer0"]) == 5
-    for l in range(n_layers):  # each neighbour's context ends with the neighbour's own token, starred
+    for l in SMOKE_JUDGED:  # each neighbour's context ends with the neighbour's own token, starred
       assert [c.rsplit("*", 2)[1] for c in e["latentlens_contexts"][f"layer{l}"]] == e["latentlens"][f"layer{l}"]
   stages = {json.loads(line).get("stage") for line in open(os.path.join(out, "metrics.jsonl"))}
   assert stages == {"text_lm", "vit", "connector"}
@@ -154,16 +159,17 @@ def test_full_preset_on_saved_llava_with_stub_judge(ll_run, tmp_path, monkeypatc
       judge="stub_judge_mod:Judge", prompt="<image> a", image_mean=(0.5,) * 3, image_std=(0.25,) * 3,
       index_texts=40, full_patches_per_image=3, n_eval_scenes=3)
   res = run_ll.run(cfg, str(tmp_path / "full"), False)
-  n_layers = SMOKE_LAYERS + 1
   calls = stub_judge_mod.CALLS
-  assert len(calls) == 3 * n_layers * 3 * 3  # lenses x layers x images x patches
+  assert len(calls) == 3 * len(SMOKE_JUDGED) * 3 * 3  # lenses x layers x images x patches
   assert {c.grid for c in calls} == {4} and all(len(c.words) == 5 for c in calls)
   for lens in ll.LENSES:
     mine = [c for c in calls if c.lens == lens]
-    for l in range(n_layers):
+    for l in SMOKE_JUDGED:
       v = np.mean([c.words[0] in ("red", "background") for c in mine if c.layer == l])
       np.testing.assert_allclose(res[f"interpretable.{lens}.layer{l}"], v)
   assert "interpretable.random.mean" not in res
+  saved = splits.read(str(tmp_path / "full"))
+  assert len(saved["test"]["images"]) == 3 and 0 < len(saved["train"]["texts"]) <= 40
 
 
 @pytest.mark.slow

@@ -296,15 +296,17 @@ _FIELDS = {"gsm8k": ("question", "answer"), "metamathqa": ("query", "response"),
            "commonsense": ("instruction", "output")}
 
 
-def load_jsonl(path: str, fmt: str, limit: int | None = None, template: str = _ALPACA) -> list[Example]:
+def load_jsonl(path: str, fmt: str, limit: int | None = None, template: str = _ALPACA,
+               offset: int = 0) -> list[Example]:
   """Examples from a JSONL file (read through `jaxlab.data.corpus.jsonl_corpus`).
 
   Args:
     path: a .jsonl file, directory or glob.
     fmt: "gsm8k" (question, answer ending in "#### N"), "metamathqa" (query, response ending in
       "The answer is: N") or "commonsense" (LLM-Adapters commonsense_170k: instruction, output, answer).
-    limit: keep the first `limit` records.
+    limit: keep the first `limit` records (from `offset` on).
     template: prompt template with a {q} slot (Alpaca, as both papers' fine-tuning code uses).
+    offset: skip the first `offset` records (a later window of the file, e.g. held-out records after training ones).
   """
   if fmt not in FORMATS:
     raise ValueError(f"load_jsonl: fmt must be one of {FORMATS}, found {fmt!r}")
@@ -313,10 +315,12 @@ def load_jsonl(path: str, fmt: str, limit: int | None = None, template: str = _A
   q_field, a_field = _FIELDS[fmt]
   qs = corpus_lib.jsonl_corpus(path, field=q_field)
   ans = corpus_lib.jsonl_corpus(path, field=a_field)
-  n = len(qs) if limit is None else min(limit, len(qs))
+  if offset < 0:
+    raise ValueError(f"load_jsonl: offset must be >= 0, found {offset}")
+  stop = len(qs) if limit is None else min(offset + limit, len(qs))
   answers = corpus_lib.jsonl_corpus(path, field="answer") if fmt == "commonsense" else None
   out = []
-  for i in range(n):
+  for i in range(offset, stop):
     q, target = qs[i], ans[i]
     answer = str(answers[i]).strip() if answers is not None else _gold(target, _MARKERS[fmt], path, i)
     out.append(Example(template.format(q=q), answer, 0, target))

@@ -3,6 +3,7 @@ rules, SFT rows hold the reasoning and mask exactly the policy's replies, the lo
 per-token advantages of the penalized rewards, a BAO update on a tiny model moves probability toward the
 trajectory with fewer user turns (and plain GRPO does not move), the metrics on hand-made episodes, config
 errors, registration and claims, and (slow) the smoke preset through the CLI."""
+import dataclasses
 import json
 import math
 import os
@@ -16,6 +17,9 @@ import pytest
 from experiments import bao as exp
 from experiments import registry
 from experiments.bao import agent, train
+from experiments.bao import run as bao_run
+from experiments.bao import turtle as tt_gym
+from experiments.runner import splits
 from experiments.runner import claims as claims_lib
 from jaxlab import losses
 from experiments.bao import function as fn_gym
@@ -27,7 +31,7 @@ from jaxlab.train import rl_loop, state as state_lib
 from experiments._shared import recipes
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-LIMITS = dict(zip(agent.GYMS, (15, 15, 12)))
+LIMITS = {"function": 15, "telepathy": 12, "turtle": 15}  # the paper: 15 Function, 15 Turtle, 12 Telepathy
 
 
 def _make(gym):
@@ -193,11 +197,58 @@ def test_metrics_on_hand_made_episodes():
     (dict(max_turns=(15, 15)), "bao: max_turns must be 3 positive turn limits"),
     (dict(credit="Mean"), "bao: credit must be one of .* found 'Mean'"),
     (dict(group=1), "bao: group must be >= 2"),
+    (dict(test_share=1.0), "bao: test_share must be in \\(0, 1\\)"),
 ])
 def test_config_errors_are_one_line(kw, match):
   with pytest.raises(ValueError, match=match) as e:
     exp.Config(**kw)
   assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("preset", ["smoke", "cpu"])
+def test_each_gym_gets_the_papers_turn_limit(preset):
+  cfg = exp.PRESETS[preset]
+  want = LIMITS if preset == "cpu" else dict.fromkeys(agent.GYMS, 4)  # smoke: 4 turns everywhere
+  assert dict(zip(agent.GYMS, exp.Config().max_turns)) == LIMITS
+  pooled = bao_run.pools(cfg)
+  for split in ("train", "test"):
+    got = {g: make().max_turns for g, make in bao_run.env_makers(cfg, pooled[split]).items()}
+    assert got == want, (split, got)
+
+
+def _corpus_text(episodes) -> str:
+  return " ".join(" ".join(agent.words(m["content"])) for e in episodes for m in e.history)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_training_and_evaluation_items_are_disjoint_and_training_never_shows_held_out_ones(seed, tmp_path):
+  cfg = dataclasses.replace(exp.PRESETS["smoke"], seed=seed)
+  pooled = bao_run.pools(cfg)
+  full = {"function": fn_gym.RULES, "telepathy": bao_run.entity_pool(cfg), "turtle": tt_gym.PUZZLES}
+  for g in agent.GYMS:
+    train_, test_ = pooled["train"][g], pooled["test"][g]
+    assert not set(train_) & set(test_) and sorted(map(str, train_ + test_)) == sorted(map(str, full[g]))
+    assert len(test_) == math.ceil(cfg.test_share * len(full[g]))
+  items = bao_run.split_items(pooled)
+  assert set(items["train"]) == {"rules", "entities", "puzzles"} and splits.overlaps(splits.hashed(items)) == []
+  wrote = splits.record(str(tmp_path), "bao", items)
+  assert splits.read(str(tmp_path)) == json.loads(json.dumps(wrote))
+  assert wrote["test"]["rules"] == [splits.digest(r) for r in pooled["test"]["function"]]
+  leaky = {**items, "test": {**items["test"], "rules": items["test"]["rules"] + items["train"]["rules"][:1]}}
+  with pytest.raises(splits.SplitOverlap):
+    splits.record(str(tmp_path), "bao", leaky)
+  # no pretraining or SFT episode draws or names a held-out rule, entity or puzzle
+  makes = bao_run.env_makers(cfg, pooled["train"])
+  data = bao_run.corpora(cfg, makes, pooled["train"])
+  text = " " + _corpus_text(e for kind in data.values() for e in kind) + " "
+  for rule in pooled["test"]["function"]:
+    assert f" {agent.rule_text(rule)} " not in text, rule
+  for e in pooled["test"]["telepathy"]:
+    assert f" {e.name} " not in text, e.name
+  for p in pooled["test"]["turtle"]:
+    assert " ".join(agent.words(p.surface)) not in text, p.title
+  for p in pooled["train"]["turtle"][:1]:  # the check can fail: training surfaces are in the text
+    assert " ".join(agent.words(p.surface)) in text
 
 
 def test_registration_and_claims_on_known_results():

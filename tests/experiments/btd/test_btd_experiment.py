@@ -1,5 +1,6 @@
 """experiments/btd.py: answer pairs checked by reasoning-gym's own scorer (ties by value), the judge-samples file
-path end to end on a simulated judge of known BTD parameters, and one-line errors for bad samples files."""
+path end to end on a simulated judge of known BTD parameters (self-aggregation included), disjoint calibration and
+evaluation items, claims against all three baselines, and one-line errors for bad samples files."""
 import dataclasses
 import json
 
@@ -12,6 +13,8 @@ from experiments import btd as exp
 from experiments.btd import run as run_exp
 from experiments import registry
 from experiments.btd import aggregation as btd
+from experiments.runner import claims as claims_lib
+from experiments.runner import splits
 
 
 def test_answer_pairs_have_the_verdict_the_scorer_gives():
@@ -28,19 +31,28 @@ def test_answer_pairs_have_the_verdict_the_scorer_gives():
   assert {0.0, 0.5, 1.0} <= set(y.tolist())
 
 
-def _write_samples(path, key, items, n):
+def _plurality(row) -> int:
+  """A self-aggregating judge's stand-in: A or B by which it said more often, else a tie."""
+  a, b = int(np.sum(row == btd.A)), int(np.sum(row == btd.B))
+  return btd.A if a > b else btd.B if b > a else btd.TIE
+
+
+def _write_samples(path, key, items, n, ns=(1, 4, 16), extra=lambda i: {}):
   theta = jnp.asarray(np.random.default_rng(0).normal(0, 2, items), jnp.float32)
   v = np.asarray(btd.simulate_verdicts(key, theta, 0.8, n))
   y = np.asarray(btd.rating(theta, 0.8))  # ground truth: the generating model's own rating
   names = {btd.A: "A", btd.B: "B", btd.TIE: "tie"}
   with open(path, "w") as f:
-    for row, yi in zip(v, y):
-      f.write(json.dumps({"verdicts": [names[int(c)] for c in row], "y": float(yi)}) + "\n")
+    for i, (row, yi) in enumerate(zip(v, y)):
+      agg = {str(k): names[_plurality(row[:k])] for k in ns}
+      f.write(json.dumps({"verdicts": [names[int(c)] for c in row], "y": float(yi), "self_aggregation": agg,
+                          **extra(i)}) + "\n")
+  return v, y
 
 
 def test_samples_file_runs_end_to_end_and_btd_beats_majority_on_a_btd_judge(tmp_path):
   path = tmp_path / "samples.jsonl"
-  _write_samples(path, jax.random.PRNGKey(1), 400, 16)
+  v, y = _write_samples(path, jax.random.PRNGKey(1), 400, 16)
   cfg = registry.apply_overrides(exp.PRESETS["full"], [f"samples_path={path}", "samples=16", "ns=1,4,16"])
   out = tmp_path / "run"
   out.mkdir()
@@ -49,7 +61,46 @@ def test_samples_file_runs_end_to_end_and_btd_beats_majority_on_a_btd_judge(tmp_
   assert res["mae.btd.n16"] < res["mae.btd.n4"] < res["mae.btd.n1"]
   assert res["mae.btd"] < res["mae.majority"] and res["mae.btd"] < res["mae.soft_sc"]
   rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-  assert {r["method"] for r in rows} == {"majority", "soft_sc", "btd_raw", "btd"} and (out / "mae_by_n.png").exists()
+  want = {"majority", "soft_sc", "btd_raw", "btd", "self_aggregation"}
+  assert {r["method"] for r in rows} == want and (out / "mae_by_n.png").exists()
+  # self-aggregation at full: the file's final verdicts on the evaluated half, scored independently here
+  self_scores = np.array([{btd.A: 1.0, btd.B: 0.0, btd.TIE: 0.5}[_plurality(r)] for r in v[200:]])
+  assert res["mae.self_agg"] == pytest.approx(float(np.mean(np.abs(self_scores - y[200:]))), abs=1e-6)
+  truth = np.where(y[200:] > 0.5, 1, np.where(y[200:] < 0.5, -1, 0))
+  assert res["pairwise_acc.self_agg"] == pytest.approx(float(np.mean(np.sign(self_scores - 0.5) == truth)))
+  # splits: the first half calibrates (train), the second is evaluated; items named by line
+  recorded = splits.read(str(out))
+  assert recorded["train"]["items"] == [splits.digest(f"line {i}") for i in range(200)]
+  assert recorded["test"]["items"] == [splits.digest(f"line {i}") for i in range(200, 400)]
+  assert splits.overlaps(recorded) == []
+
+
+def test_an_item_in_both_halves_is_refused(tmp_path):
+  path = tmp_path / "samples.jsonl"
+  _write_samples(path, jax.random.PRNGKey(2), 8, 4, ns=(1, 4), extra=lambda i: {"question": f"q{i % 7}"})
+  cfg = registry.apply_overrides(exp.PRESETS["full"], [f"samples_path={path}", "samples=4", "ns=1,4"])
+  with pytest.raises(splits.SplitOverlap, match="share 1 of their items"):
+    run_exp.run(cfg, str(tmp_path), False)
+
+
+def test_generated_items_split_into_disjoint_calibration_and_evaluation_questions():
+  pytest.importorskip("reasoning_gym")
+  cfg = exp.PRESETS["cpu"]
+  items, _ = run_exp.answer_pairs(cfg.dataset, cfg.items, cfg.tie_share, cfg.seed)
+  got = run_exp.split_items([it["question"] for it in items], cfg.items // 2, "questions")
+  assert len(got["train"]["questions"]) == len(got["test"]["questions"]) == 48
+  assert not set(got["train"]["questions"]) & set(got["test"]["questions"])
+  assert splits.overlaps(splits.hashed(got)) == []
+
+
+def test_claims_count_self_aggregation_as_a_baseline():
+  reg = registry.get("btd")
+  base = {"mae.btd": 0.20, "mae.majority": 0.30, "mae.soft_sc": 0.25, "mae.self_agg": 0.35,
+          "pairwise_acc.btd": 0.8, "pairwise_acc.majority": 0.7, "pairwise_acc.soft_sc": 0.75,
+          "pairwise_acc.self_agg": 0.6, "judge_accuracy_single": 0.7, "items": 400}
+  assert {c.id: claims_lib.holds(c, base) for c in reg.claims} == {"mae": True, "acc": True}
+  better_self = {**base, "mae.self_agg": 0.15, "pairwise_acc.self_agg": 0.9}
+  assert {c.id: claims_lib.holds(c, better_self) for c in reg.claims} == {"mae": False, "acc": False}
 
 
 def test_bad_samples_files_are_named(tmp_path):
@@ -61,6 +112,10 @@ def test_bad_samples_files_are_named(tmp_path):
   short.write_text(json.dumps({"verdicts": ["A", "B"], "y": 1.0}) + "\n")
   with pytest.raises(ValueError, match="item 0 has 2 verdicts, samples=4"):
     run_exp.run(dataclasses.replace(cfg, samples_path=str(short)), str(tmp_path), False)
+  no_self = tmp_path / "no_self.jsonl"
+  no_self.write_text(json.dumps({"verdicts": ["A"] * 4, "y": 1.0, "self_aggregation": {"1": "A"}}) + "\n")
+  with pytest.raises(ValueError, match=r"item 0 lacks self_aggregation verdicts for n in \[4\]"):
+    run_exp.run(dataclasses.replace(cfg, samples_path=str(no_self)), str(tmp_path), False)
   with pytest.raises(ValueError, match="ns must be increasing"):
     registry.apply_overrides(exp.PRESETS["cpu"], ["ns=4,2"])
 

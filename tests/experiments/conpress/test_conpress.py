@@ -18,6 +18,7 @@ from experiments import conpress as exp
 from experiments.conpress import run as run_exp
 from experiments import registry
 from experiments.runner import claims as claims_lib
+from experiments.runner import splits
 from jaxlab.models import transformer as tfm
 from jaxlab.rl.dpo import sft_batch
 
@@ -169,6 +170,67 @@ def test_sft_completion_renumbers_the_answer_label():
   assert exp.sft_completion(p) == "Problem 1: 3 + 3 = 6\nAnswer 1: 6"
 
 
+def test_boxed_answers_with_nested_braces():
+  assert exp.parsing.boxed(r"x \boxed{\frac{1}{2}} and \fbox{\sqrt{\frac{3}{4}}}, \boxed{7") == [
+      r"\frac{1}{2}", r"\sqrt{\frac{3}{4}}"]  # the last box is not closed
+  assert _parse(r"Problem 1: so x = \boxed{\frac{1}{2}}", 1)[1][1] == r"\frac{1}{2}"
+  assert _parse(r"We get $\boxed{\frac{1}{2}}$", 1)[1][1] == r"\frac{1}{2}"
+  assert _parse(r"The answer is \boxed{\frac{1}{2}}.", 1)[1][1] == r"\frac{1}{2}"  # a statement and a box agree
+  assert _parse("Problem 1: 1 + 1 = 2\nAnswer 1: \\boxed{\\frac{1}{2}}", 1)[1][1] == r"\frac{1}{2}"
+  assert _parse(r"The answer is \boxed{\frac{1}{2}", 1)[1][1] is None  # a cut box states nothing
+
+
+def test_latex_answers_are_compared_as_mathematics(tmp_path):
+  path = tmp_path / "math.jsonl"
+  path.write_text("".join(json.dumps({"problem": f"q{i}", "answer": a}) + "\n"
+                          for i, a in enumerate([r"\frac{1}{2}", r"2\sqrt{3}", "10"])))
+  task = run_exp.Task(f"jsonl:{path}", 3, 0, (2, 2), (1, 1))
+  half, root, ten = task.entries
+  for right in (r"\dfrac12", r"\frac{1}{2}", "1/2", "0.5", r"$\tfrac{1}{2}$"):
+    assert task.correct(right, half), right
+  for wrong in ("1", r"\frac{1}{3}", "2", None):
+    assert not task.correct(wrong, half), wrong
+  assert task.correct(r"\sqrt{12}", root) and not task.correct(r"\sqrt{3}", root)
+  assert task.correct("10.0", ten) and task.correct("x = 10", ten) and not task.correct("100", ten)
+  parsed = exp.parse_packed("Problem 1: halve it: \\boxed{\\dfrac12}", 1)[0]  # parsed, then compared
+  assert parsed.answer == r"\dfrac12" and task.correct(parsed.answer, half)
+
+
+def test_a_think_completion_keeps_its_reasoning():
+  one = exp.parse_packed("<think>\n3 plus 4: count up from 3, 4, 5, 6, 7.\n</think>\n\n3 + 4 = 7\nAnswer 1: 7", 1)[0]
+  assert (one.reasoning, one.trace, one.answer) == ("3 plus 4: count up from 3, 4, 5, 6, 7.", "3 + 4 = 7\nAnswer 1: 7",
+                                                    "7")
+  assert exp.sft_completion(one) == ("<think>\n3 plus 4: count up from 3, 4, 5, 6, 7.\n</think>\n\n"
+                                     "Problem 1: 3 + 4 = 7\nAnswer 1: 7")
+  # packed: the block's header sections are each question's reasoning; its drafts (Answer 2: 9) are no answers
+  text = ("<think>\nProblem 1: 1 + 1 is 2.\nProblem 2: 5 + 4 is 9? Answer 2: 9. No: 5 + 3, so 8.\n</think>\n"
+          "Problem 1: 1 + 1 = 2\nAnswer 1: 2\nProblem 2: 5 + 3 = 8\nAnswer 2: 8")
+  p1, p2 = exp.parse_packed(text, 2)
+  assert (p1.reasoning, p1.trace, p1.answer) == ("1 + 1 is 2.", "1 + 1 = 2\nAnswer 1: 2", "2")
+  assert (p2.reasoning, p2.answer) == ("5 + 4 is 9? Answer 2: 9. No: 5 + 3, so 8.", "8")
+  assert exp.sft_completion(p2) == ("<think>\n5 + 4 is 9? Answer 1: 9. No: 5 + 3, so 8.\n</think>\n\n"
+                                    "Problem 1: 5 + 3 = 8\nAnswer 1: 8")
+  # reasoning that cannot be attributed: answers stay, traces go (a trace without its reasoning is not the model's)
+  got = exp.parse_packed("<think>\nboth are easy\n</think>\nProblem 1: 2\nAnswer 1: 2\nProblem 2: 8\nAnswer 2: 8", 2)
+  assert [(p.trace, p.answer, p.reasoning) for p in got] == [(None, "2", None), (None, "8", None)]
+  # a block the chat template opened, closed in the completion; an unclosed (cut) block answers nothing
+  opened = exp.parse_packed("so 2.\n</think>\n\nAnswer 1: 2", 1)[0]
+  assert (opened.reasoning, opened.answer) == ("so 2.", "2")
+  assert exp.parse_packed("<think>\nAnswer 1: 2 and then", 1)[0] == exp.Parsed(1, None, None, "Answer 1: 2 and then")
+  assert exp.parse_packed("<think>\n\n</think>\n\nAnswer 1: 2", 1)[0].reasoning is None  # an empty block
+
+
+def test_held_out_and_training_questions_are_disjoint():
+  cfg = exp.Config(test_questions=8, train_questions=6, terms=(2, 2))
+  shifted = run_exp.Task(cfg.task, 6, 2, cfg.terms, cfg.digits)  # reasoning-gym: seed 2 = seed 1 shifted by one
+  test, train = run_exp.tasks(cfg)
+  assert {e["question"] for e in shifted.entries} & {e["question"] for e in test.entries}
+  hashes = splits.hashed({"train": {"questions": [e["question"] for e in train.entries]},
+                          "test": {"questions": [e["question"] for e in test.entries]}})
+  assert splits.overlaps(hashes) == [] and [len(hashes[s]["questions"]) for s in ("train", "test")] == [6, 8]
+  assert all(train.correct(e["answer"], e) for e in train.entries)
+
+
 def test_pack_prompt_format():
   one = run_exp.pack_prompt(["What is 1 + 1?"])
   assert one.startswith("Solve the following problem. For each problem k,") and one.endswith(
@@ -309,8 +371,7 @@ def test_run_on_canned_answers_measures_filters_and_fine_tunes(tmp_path, monkeyp
                          max_position_embeddings=1024, eos_token_id=tok.eos_id, pad_token_id=tok.batch_pad_id)
   params = tfm.init(mcfg, jax.random.key(0))
   cfg = exp.Config(test_questions=8, train_questions=4, train_n=2, steps=3, batch_size=2, lr=1e-2, lora_rank=2)
-  test = run_exp.Task(cfg.task, 8, 1, cfg.terms, cfg.digits)
-  train = run_exp.Task(cfg.task, 4, 2, cfg.terms, cfg.digits)
+  test, train = run_exp.tasks(cfg)
   gold = {e["question"]: e["answer"] for e in test.entries + train.entries}
   calls, seen = [], []
 
@@ -347,6 +408,8 @@ def test_run_on_canned_answers_measures_filters_and_fine_tunes(tmp_path, monkeyp
   assert res["sft.tokens_after"] == pytest.approx(np.mean(counts_after)) and res["sft.accuracy_after"] == 1.0
   assert res["sft.tokens_before"] == res["tokens_per_question.n1"]
   assert res["baseline.n"] == 2 and res["baseline.accuracy"] == res["accuracy.n2"] == 0.5
+  recorded = splits.read(str(tmp_path))
+  assert [len(recorded[s]["questions"]) for s in ("train", "test")] == [4, 8] and splits.overlaps(recorded) == []
 
 
 # ------------------------------------------------------------------------------------ registration, errors

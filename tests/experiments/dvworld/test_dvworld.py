@@ -216,3 +216,96 @@ def test_smoke_preset_as_a_subprocess(tmp_path):
       assert 0.0 <= res[f"{key}.{agent}"] <= 1.0, (key, agent)
   assert res["interact_isr.guess"] == 0.0 and res["dv_evol.reference"] == 1.0
   assert (tmp_path / "r" / "scores.png").exists()
+
+
+GOLD_TABLE = [["day", "tip"], ["Fri", 2.5], ["Sat", 3.0], ["Sun", 3.25]]
+
+
+def _creation_book(path, rows, anchor="E2", chart=True, literal_series=0):
+  """A workbook like an agent's result.xlsx: sheet "data" first (no chart), then "result" with `rows` from A1 and a
+  bar chart over them at `anchor`, plus `literal_series` series given as literal numbers (no cell reference)."""
+  from openpyxl import Workbook
+  from openpyxl.chart import BarChart, Reference
+  from openpyxl.chart.data_source import NumData, NumDataSource, NumVal
+  from openpyxl.chart.series import Series
+  wb = Workbook()
+  wb.active.title = "data"
+  wb.active.append(["day", "tip", "bill"])
+  ws = wb.create_sheet("result")
+  for r in rows:
+    ws.append(r)
+  if chart:
+    bar = BarChart()
+    bar.add_data(Reference(ws, min_col=2, min_row=1, max_row=len(rows)), titles_from_data=True)
+    bar.set_categories(Reference(ws, min_col=1, min_row=2, max_row=len(rows)))
+    bar.title = "Tips"
+    for _ in range(literal_series):
+      pts = [NumVal(idx=i, v=r[1]) for i, r in enumerate(rows[1:])]
+      bar.series.append(Series(val=NumDataSource(numLit=NumData(pt=pts, ptCount=len(pts)))))
+    ws.add_chart(bar, anchor)
+  wb.save(path)
+  return str(path)
+
+
+def test_creation_gates_rubric_and_coverage_on_hand_computed_cases(tmp_path):
+  gold = _creation_book(tmp_path / "gold.xlsx", GOLD_TABLE)
+  score = lambda name, rows, **kw: sheet.creation_score(_creation_book(tmp_path / f"{name}.xlsx", rows, **kw), gold)
+  same = score("same", GOLD_TABLE)
+  assert same == {"score": 1.0, "gate": None, "visual": 1.0, "coverage": 1.0, "non_overlap": 1.0, "dynamic": 1.0}
+  # gate 1: no chart on any sheet
+  assert score("nochart", GOLD_TABLE, chart=False)["gate"] == "chart" == sheet.creation_score(
+      str(tmp_path / "missing.xlsx"), gold)["gate"]
+  # gate 2: a chart at A1 spans columns A-F, rows 1-12 and so covers the whole 2 x 4 table
+  a1 = score("a1", GOLD_TABLE, anchor="A1")
+  assert (a1["gate"], a1["score"], a1["non_overlap"]) == ("overlap", 0.0, 0.0)
+  # at B3 (columns B-G, rows 3-14) it covers B3:B4, 2 of the table's 8 cells: the gate passes, the score is kept
+  b3 = score("b3", GOLD_TABLE, anchor="B3")
+  assert b3["gate"] is None and b3["non_overlap"] == pytest.approx(0.75) and b3["score"] == pytest.approx(1.0)
+  # gate 3: a chart whose every series is literal numbers fails; one referenced series of two passes (share 1/2)
+  lit = sheet.creation_score(_creation_book(tmp_path / "lit.xlsx", GOLD_TABLE, literal_series=1), gold)
+  assert lit["gate"] is None and lit["dynamic"] == pytest.approx(0.5)
+  from openpyxl import load_workbook
+  wb = load_workbook(tmp_path / "lit.xlsx")
+  wb["result"]._charts[0].series.pop(0)  # keep only the literal series
+  wb.save(tmp_path / "onlylit.xlsx")
+  only = sheet.creation_score(str(tmp_path / "onlylit.xlsx"), gold)
+  assert (only["gate"], only["score"], only["dynamic"]) == ("dynamic", 0.0, 0.0)
+  # rubric x coverage: headers match by key ("Tip (USD)" -> "tip"), Sun's 9.0 is wrong: 5 of 6 cells covered; the
+  # chart: type 1, series 0.1 * 0.5 (other name) + 0.45 * 1 (categories) + 0.45 * 2/3 (values) = 0.8, axis 1,
+  # title 1 -> visual 0.2 + 0.6 * 0.8 + 0.15 + 0.05 = 0.88
+  wrong = [["Day", "Tip (USD)"], ["Fri", 2.5], ["Sat", 3.0], ["Sun", 9.0]]
+  got = score("wrong", wrong)
+  assert got["gate"] is None and got["visual"] == pytest.approx(0.88) and got["coverage"] == pytest.approx(5 / 6)
+  assert got["score"] == pytest.approx(0.88 * 5 / 6)
+  weighted = sheet.creation_score(str(tmp_path / "wrong.xlsx"), gold, combine="weighted", vis_weight=0.5)
+  assert weighted["score"] == pytest.approx(0.5 * 0.88 + 0.5 * 5 / 6)
+  # unmatched headers fall back to the first unused candidate column of the same type; an extra row (Thur, 1.0)
+  # leaves 6 of the candidate's 8 cells covered
+  extra = [["weekday", "amount"], ["Thur", 1.0], ["Fri", 2.5], ["Sat", 3.0], ["Sun", 3.25]]
+  assert score("extra", extra)["coverage"] == pytest.approx(6 / 8)
+  # a numeric first column cannot stand for the categorical "day": only "tip" maps, to "x" (3 of 3 cells)
+  assert score("nums", [["x", "y"], [2.5, 1], [3.0, 2], [3.25, 3]])["coverage"] == pytest.approx(1.0)
+
+
+def test_header_keys_and_coverage_without_gold_table(tmp_path):
+  assert sheet.header_key("Total Bill (USD)") == "totalbill" and sheet.header_key("tip_pct-2") == "tippct2"
+  assert sheet.header_key(None) == "" and sheet.header_key("2020") == "2020"
+  from openpyxl import Workbook
+  empty, cand = Workbook().active, Workbook().active
+  for r in GOLD_TABLE:
+    cand.append(r)
+  assert sheet.table_coverage(cand, empty) == 1.0
+
+
+def test_splits_hold_each_suites_tasks_once_and_nothing_to_train_on(tmp_path):
+  from experiments.runner import splits
+  specs = tasks.select(None)
+  items = run_exp.split_items(specs, specs, _frames(specs))
+  assert set(items) == {"dv_evol", "dv_sheet", "dv_interact"} and splits.TRAIN not in items
+  hashes = splits.hashed(items)
+  assert [len(hashes[k]["tasks"]) for k in ("dv_evol", "dv_sheet", "dv_interact")] == [len(specs), 2 * len(specs),
+                                                                                        len(specs)]
+  assert splits.overlaps(hashes) == []
+  splits.record(str(tmp_path), "dvworld", items)
+  with pytest.raises(splits.SplitOverlap):
+    splits.record(str(tmp_path), "dvworld", {"train": {"tasks": items["dv_evol"]["tasks"][:2]}, **items})

@@ -16,6 +16,8 @@ from pyperplan.search import breadth_first_search  # noqa: E402
 from experiments import gig  # noqa: E402
 from experiments.gig import run as run_gig
 from experiments.gig import cooking
+from experiments.gig import loss as gig_loss_lib
+from experiments.runner import splits
 from jaxlab.models import gnn  # noqa: E402
 
 
@@ -212,7 +214,7 @@ class Scripted:
 
 
 def _options(text):
-  return [line[3:].split(" (reaches the goal")[0] for line in text.split("\n") if line[1:3] == ". "]
+  return [line[3:].split(" (reaches the goal")[0].split(" -> ")[0] for line in text.split("\n") if line[1:3] == ". "]
 
 
 def _embedder(cfg):
@@ -237,7 +239,7 @@ def test_agents_follow_memory_without_calls_and_never_step_into_dead_ends(tmp_pa
   memory = gig.Memory(CFG.d_embed)
   memory.add_trace(embed(problem, states, CFG, params), actions)
   r = gig.play_agent(gig.Kitchen(problem), "gig", Scripted(lambda text, n: 0), depth=1, max_steps=40, memory=memory,
-                     embed=_embedder(CFG), gparams=params, threshold=1e-3)
+                     embed=_embedder(CFG), gparams=params, threshold=1e-3, retrieval="execute")
   assert r["success"] and r["calls"] == 0 and r["memory_share"] == 1.0 and r["actions"] == actions
   # the LLM alone, told the plan: one call per step; lookahead with a chooser that takes the first option
   plan = iter(actions)
@@ -248,6 +250,37 @@ def test_agents_follow_memory_without_calls_and_never_step_into_dead_ends(tmp_pa
   assert all(gig.dead_end(problem, s) is None for s in _replay(problem, r["actions"]))
   with pytest.raises(ValueError, match="method must be one of"):
     gig.play_agent(gig.Kitchen(problem), "planner", follow, depth=1, max_steps=1)
+
+
+def test_gigs_llm_sees_the_retrieved_action_and_the_one_step_projections(tmp_path):
+  problem = cooking.generate(4, "onion_soup", distractors=0)
+  states, actions = replay(problem, shortest_plan(problem, problem.init, tmp_path))
+  params = gnn.init(CFG, jax.random.PRNGKey(0))
+  memory = gig.Memory(CFG.d_embed)
+  memory.add_trace(embed(problem, states, CFG, params), actions)
+  prompts = []
+
+  def follow_memory(text, n):  # a scripted LM that records its prompts and takes the remembered action
+    prompts.append(text)
+    said = [x.split("the next action was: ")[1].rstrip(".") for x in text.split("\n") if "next action was" in x]
+    return _options(text).index(said[0]) if said else 0
+  r = gig.play_agent(gig.Kitchen(problem), "gig", Scripted(follow_memory), depth=1, max_steps=40, memory=memory,
+                     embed=_embedder(CFG), gparams=params, threshold=1e-3)
+  assert r["success"] and r["actions"] == actions and r["memory_share"] == 1.0
+  assert r["calls"] == len(prompts) > 0  # the memory no longer acts without the LLM
+  for text, a in zip(prompts, actions):
+    assert f"the next action was: {a}." in text
+  # every offered action carries its projection: the description lines T(s, a) changes, computed here from scratch
+  s0 = states[0]
+  opts = [o.action for o in gig.lookahead(problem, s0, 1) if o.rejected is None]
+  for o in opts:
+    before = cooking.describe(problem, s0).split("\n")
+    after = cooking.describe(problem, cooking.step(problem, s0, cooking.parse_action(problem, s0, o))).split("\n")
+    changed = "; ".join(y.rstrip(".") for x, y in zip(before, after) if x != y)
+    assert any(line[3:].startswith(f"{o} -> {changed}") for line in prompts[0].split("\n")), o
+  with pytest.raises(ValueError, match="retrieval must be one of"):
+    gig.play_agent(gig.Kitchen(problem), "gig", Scripted(follow_memory), depth=1, max_steps=1, memory=memory,
+                   embed=_embedder(CFG), gparams=params, retrieval="skip")
 
 
 def test_the_loop_guard_never_repeats_an_action_from_a_revisited_state_while_others_are_untried():
@@ -286,7 +319,7 @@ def test_textworld_agents_replay_the_walkthrough_from_memory(tmp_path):
   memory.add_trace(_embedder(cfg)(params, graphs), walk)
   world = gig.TextGame(tw.TextWorldCooking(str(tmp_path), recipe=1, take=1, open=True, cut=True), 2)
   r = gig.play_agent(world, "gig", Scripted(lambda t, n: 0), depth=1, max_steps=30, memory=memory,
-                     embed=_embedder(cfg), gparams=params, threshold=1e-3)
+                     embed=_embedder(cfg), gparams=params, threshold=1e-3, retrieval="execute")
   assert r["success"] and r["calls"] == 0 and r["actions"] == walk
   offered_losing = []
   def last(text, n):  # the lookahead never offers an action that loses the game (eating an ingredient)
@@ -297,10 +330,59 @@ def test_textworld_agents_replay_the_walkthrough_from_memory(tmp_path):
   assert not offered_losing and not world.env.state["lost"] and r["calls"] > 0
 
 
+@pytest.mark.parametrize("uniformity", ["cosine2", "log_mean_exp"])
+def test_gig_loss_matches_a_numpy_transcription(uniformity, tmp_path):
+  problem = cooking.generate(2, "burger", "sync", distractors=0)
+  states, _ = run_gig._trace(problem)
+  graphs = [cooking.scene_graph(problem, s) for s in states]
+  params = gnn.init(CFG, jax.random.PRNGKey(3))
+  trip = np.array([[0, 1, 5], [2, 3, 0], [4, 5, 1], [1, 2, 6]])
+  flat = trip.T.reshape(-1)
+  n, e = sum(int(graphs[j].n_node[0]) for j in flat), sum(int(graphs[j].n_edge[0]) for j in flat)
+  b = len(trip)
+  batch = {"graphs": gnn.pad(gnn.batch([graphs[j] for j in flat]), gnn.round_up(n + 1, 64), gnn.round_up(e, 64),
+                             gnn.round_up(len(flat) + 1, 8)),
+           "anchor": np.arange(b), "positive": np.arange(b, 2 * b), "negative": np.arange(2 * b, 3 * b)}
+  loss, aux = gig_loss_lib.gig_loss(params, batch, CFG, margin=1.0, uniformity_weight=0.3, uniformity=uniformity)
+  z = embed(problem, states, CFG, params).astype(np.float64)
+  a, p, ng = z[trip[:, 0]], z[trip[:, 1]], z[trip[:, 2]]
+  want_trip = np.mean(np.maximum(((a - p) ** 2).sum(1) - ((a - ng) ** 2).sum(1) + 1.0, 0.0))
+  if uniformity == "cosine2":  # the paper's: mean squared cosine similarity over distinct pairs
+    u = a / np.linalg.norm(a, axis=1, keepdims=True)
+    want_unif = np.mean([(u[i] @ u[j]) ** 2 for i in range(b) for j in range(b) if i != j])
+  else:
+    want_unif = np.log(np.mean([np.exp(-2 * ((a[i] - a[j]) ** 2).sum()) for i in range(b) for j in range(b) if i != j]))
+  assert float(aux["triplet"]) == pytest.approx(want_trip, rel=1e-4, abs=1e-5)
+  assert float(aux["uniformity"]) == pytest.approx(want_unif, rel=1e-4, abs=1e-5)
+  assert float(loss) == pytest.approx(want_trip + 0.3 * want_unif, rel=1e-4, abs=1e-5)
+  assert gig.Config().margin == 1.0 and gig.Config().uniformity == "cosine2"
+  same, ortho = np.ones((3, 4), np.float32), np.eye(4, dtype=np.float32)
+  assert float(gig_loss_lib.cosine_uniformity(same)) == pytest.approx(1.0)
+  assert float(gig_loss_lib.cosine_uniformity(ortho)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_unseen_problems_skip_every_training_problem():
+  cfg = gig.PRESETS["smoke"]
+  text = lambda s, mode="sync": run_gig.problem_text(run_gig._problems(cfg, [s], mode)[0])  # noqa: E731
+  assert text(5, "sync") == text(5, "async") and text(5) != text(6)  # the layout, whatever the mode
+  # a training seed whose problem recurs among the unseen seeds: that one must be skipped
+  early = {text(s): s for s in range(400)}
+  clash = next(s for s in range(run_gig.UNSEEN_SEED0, run_gig.UNSEEN_SEED0 + 400) if text(s) in early)
+  train = {text(s) for s in range(400)}
+  n = clash - run_gig.UNSEEN_SEED0 + 3
+  got = [run_gig.problem_text(p) for p in run_gig.unseen_problems(cfg, n, "sync", train)]
+  want = [t for t in (text(s) for s in range(run_gig.UNSEEN_SEED0, run_gig.UNSEEN_SEED0 + 1000)) if t not in train][:n]
+  assert got == want and not set(got) & train and text(clash) not in got
+
+
 def test_experiment_smoke_run_replays_seen_traces_from_memory(tmp_path):
   cfg = gig.Config(recipes=("onion_soup",), train_problems=2, test_problems=2, steps=2, triplets=4, max_steps=30,
                    depth=1, llm="")
   res = run_gig.run(cfg, str(tmp_path), resume=False)
+  recorded = splits.read(str(tmp_path))
+  want_train = [splits.digest(run_gig.problem_text(p)) for p in run_gig._problems(cfg, range(2))]
+  assert recorded["train"]["problems"] == want_train and len(recorded["test"]["problems"]) == 2
+  assert splits.overlaps(recorded) == [] and recorded["shared"] == {}
   assert res["success.seen.memory"] == 1.0 and res["memory_share.seen"] == 1.0
   assert 0.0 <= res["triplet_acc.trained"] <= 1.0 and np.isfinite(res["heldout_triplet_loss.trained"])
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:

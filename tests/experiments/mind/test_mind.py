@@ -321,3 +321,45 @@ def test_smoke_preset_from_the_cli_writes_every_key(tmp_path):
   assert all(0 <= res[k] <= 1 for k in keys) and res["test.questions"] == EXP.presets["smoke"].n_test_scenes
   samples = json.loads((tmp_path / "runs" / "mind" / "samples.json").read_text())
   assert samples and {"question", "answer", "mind", "sft_rationale"} <= set(samples[0])
+
+
+def test_scene_splits_are_disjoint_from_training_and_vlm_scenes(tmp_path):
+  from experiments.mind import run as run_mind
+  from experiments.runner import splits
+  cfg = EXP.presets["smoke"]
+  train, test, mis = D.scene_splits(cfg, cfg.train.scenes)
+  assert len(test.captions) == cfg.n_test_scenes and not set(train.captions) & set(test.captions)
+  assert [q.words for q in mis.questions] == [q.words for q in test.questions]
+  # the training draw itself as `exclude`, at the training draw's seed and size: every first-draw scene is skipped
+  forced = EXP.config_cls(n_train_scenes=4, n_test_scenes=cfg.n_train_scenes, seed=0, pretrained=False)
+  first = S.generate(cfg.n_train_scenes, cfg.train.scenes, seed=202)
+  tr, te, _ = D.scene_splits(forced, cfg.train.scenes, first.captions)
+  assert not set(te.captions) & (set(first.captions) | set(tr.captions)) and len(te.captions) == cfg.n_train_scenes
+  seen = ["a red circle at the top left on a black background ."]
+  data = run_mind.record_splits(str(tmp_path), train, test, mis, seen)
+  assert splits.overlaps(data) == [] and set(data) == {"train", "test", "misleading", "shared"}
+  assert len(data["train"]["scenes"]) == cfg.n_train_scenes + 1
+  assert len(data["test"]["questions"]) == len({(test.captions[q.scene], q.words) for q in test.questions})
+  with pytest.raises(splits.SplitOverlap, match="scenes"):  # a test scene the VLM trained on is refused
+    run_mind.record_splits(str(tmp_path), train, test, mis, [test.captions[0]])
+  assert run_mind.vlm_training_captions(cfg) == []  # the smoke VLM is random
+  cpu = EXP.presets["cpu"]
+  assert run_mind.vlm_training_captions(cpu) == S.generate(cpu.train.n_train_scenes, cpu.train.scenes,
+                                                           seed=cpu.train.seed + 2).captions
+
+
+def test_split_items_of_a_file_split_name_images_by_content(tmp_path):
+  from PIL import Image
+  sc = S.generate(2, seed=5)
+  for i in range(2):
+    Image.fromarray((sc.images[i] * 255).astype(np.uint8)).save(tmp_path / f"{i}.png")
+  rows = [{"image": f"{i % 2}.png", "question": f"how many red objects {i} ?", "answer": "one",
+           "positives": ["x"], "negatives": []} for i in range(3)]
+  (tmp_path / "t.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+  ids = D.image_ids(str(tmp_path / "t.jsonl"))
+  import hashlib
+  assert ids == [hashlib.sha256((tmp_path / f"{i % 2}.png").read_bytes()).hexdigest() for i in range(3)]
+  split = D.Split([rad.Question(i, "file", r["question"], (), "one", (("x",),), ()) for i, r in enumerate(rows)],
+                  np.zeros((3, 1, 1, 3)))
+  items = D.split_items(split, ids)
+  assert items["images"] == ids and items["questions"][2] == {"image": ids[0], "question": rows[2]["question"]}

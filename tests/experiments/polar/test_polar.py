@@ -18,6 +18,8 @@ from experiments import polar as exp
 from experiments.polar import run as run_exp
 from experiments import registry
 from experiments.runner import claims as claims_lib
+from experiments.runner import splits
+from jaxlab.data.tasks import arithmetic, reasoning
 from jaxlab.models import encoder
 from jaxlab.models import programs
 from jaxlab.models import transformer as tfm
@@ -179,6 +181,9 @@ def test_runs_on_tiny_models_and_writes_every_key(tmp_path):
   assert all(np.mean(v) == res[k] for k, v in res["per_item"].items())
   lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
   assert len(lines) == 4 and all(json.loads(l)["programs"] >= 1 for l in lines)
+  recorded = splits.read(str(tmp_path))
+  assert [len(recorded[s]["questions"]) for s in ("train", "test", "ood")] == [4, 2, 2]
+  assert splits.overlaps(recorded) == []
 
 
 def test_registered_with_presets_and_claims():
@@ -245,3 +250,40 @@ def test_questions_split_the_count_over_tasks():
   rows = run_exp.questions(cfg, tok, cfg.tasks, 5, 0)
   assert [r["task"] for r in rows] == ["subsum"] * 3 + ["cycle"] * 2
   assert all(r["answer"] in r["choices"] and r["ids"][-1] == tok.encode("\nAnswer:")[-1] for r in rows)
+
+
+def _questions(rows):
+  return [r["question"] for r in rows]
+
+
+def test_jsonl_held_out_questions_are_the_records_after_the_training_ones(tmp_path):
+  qs = [f"What is {i} plus {i}?" for i in range(30)]
+  qs[12] = qs[3]  # a repeated question (several solutions of one question) is drawn once
+  path = tmp_path / "gsm.jsonl"
+  path.write_text("".join(json.dumps({"question": q, "answer": f"#### {i}"}) + "\n" for i, q in enumerate(qs)))
+  cfg = exp.Config(tasks=(f"jsonl:gsm8k:{path}",), ood_task="parity", train_questions=10, test_questions=6,
+                   ood_questions=2)
+  train, test, ood = run_exp.question_splits(cfg, WordTokenizer(500))
+  unique = list(dict.fromkeys(qs))  # the oracle: distinct questions in file order, training first
+  assert [q.split("### Instruction:\n")[1].split("\n")[0] for q in _questions(train + test)] == unique[:16]
+  hashes = splits.hashed({"train": {"questions": _questions(train)}, "test": {"questions": _questions(test)},
+                          "ood": {"questions": _questions(ood)}})
+  assert splits.overlaps(hashes) == [] and [len(hashes[s]["questions"]) for s in ("train", "test")] == [10, 6]
+  window = arithmetic.load_jsonl(str(path), "gsm8k", limit=4, offset=11)
+  assert window == arithmetic.load_jsonl(str(path), "gsm8k")[11:15]
+  with pytest.raises(ValueError, match=r"5 of 6 questions left after record 30") as e:
+    run_exp.question_splits(exp.Config(tasks=cfg.tasks, ood_task="parity", train_questions=24, test_questions=6),
+                            WordTokenizer(500))
+  assert "\n" not in str(e.value)
+
+
+def test_generated_held_out_questions_are_not_training_questions():
+  cfg = exp.Config(tasks=("parity",), ood_task="cycle", train_questions=60, test_questions=40, ood_questions=4)
+  by_seed = [{e.prompt for e in reasoning.generate("parity", n, seed)} for n, seed in ((60, 0), (40, 1))]
+  assert by_seed[0] & by_seed[1]  # the seeds alone repeat questions: the split must remove them
+  tok = WordTokenizer(500)
+  train, test, ood = run_exp.question_splits(cfg, tok)
+  assert not set(_questions(train)) & set(_questions(test)) and len(set(_questions(test))) == 40
+  assert [r["answer"] for r in test] == [tok.encode(a)[0] for a in ("even", "odd") * 20]  # still balanced
+  again = run_exp.question_splits(cfg, tok)
+  assert [_questions(x) for x in again] == [_questions(x) for x in (train, test, ood)]  # deterministic

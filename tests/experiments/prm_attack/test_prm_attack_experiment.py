@@ -1,16 +1,22 @@
 """experiments/prm_attack.py: every style perturbation keeps each step right and every logic perturbation breaks
 the chain, judged by an independent re-evaluation of the written steps against the question; encoded rows put
-the step labels exactly at the separators; bad configs are named."""
+the step labels exactly at the separators; the reward before an attack is read as the attack reads it (one
+aggregation per head); the attacked and transfer problems are not training problems; bad configs are named."""
 import re
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from experiments import prm_attack as exp
+from experiments.prm_attack import reward_attack as ra
 from experiments.prm_attack import run as run_exp
+from experiments.runner import splits
 from experiments import registry
 from experiments.runner import claims as claims_lib
 from jaxlab.data.tasks import arithmetic as ar
+from jaxlab.models import heads, transformer as tfm
 
 _CALC = re.compile(r"(-?\d+)\s*(\+|-|\*|plus|minus|times)\s*(\d+)\s*(?:=|gives)\s*(-?\d+)")
 _OPS = {"+": "add", "plus": "add", "-": "sub", "minus": "sub", "*": "mul", "times": "mul"}
@@ -100,3 +106,54 @@ def test_rl_claim_needs_the_reward_gain_and_no_accuracy_gain():
   assert claims_lib.holds(rl, hacked) is True
   assert claims_lib.holds(rl, {**hacked, "rl.prm_reward_end": 0.70}) is False   # reward up by 0.17 only
   assert claims_lib.holds(rl, {**hacked, "rl.accuracy_end": 0.40}) is False     # a real gain, not hacking
+
+
+@pytest.mark.parametrize("kind", heads.KINDS)
+def test_before_reward_uses_the_attacks_aggregation(kind):
+  """The run's solution reward of a token row equals the attack's reward of the same tokens spliced (after), and is
+  the minimum step reward for a step head, the last step's value for a value head (oracle written out)."""
+  sep, q = 7, np.array([3, 2, 4])
+  rng = np.random.default_rng(1)
+  lengths = np.array([10, 7, 12])
+  toks = rng.integers(10, 60, size=(3, 12))
+  for r in range(3):
+    toks[r, q[r] + 1::2] = sep
+    toks[r, lengths[r]:] = 0
+  mask = (np.arange(12)[None] < lengths[:, None]).astype(np.int32)
+  lm_cfg = tfm.Config.tiny()
+  lm = tfm.init(lm_cfg, jax.random.key(0))
+  hcfg = heads.Config(kind=kind, d_model=lm_cfg.d_model, init_std=0.3)
+  head = heads.init(hcfg, jax.random.key(1))
+  adv = np.array([61, 62])
+  after = np.asarray(ra.discrete_rewards(lm, lm_cfg, head, hcfg, toks, mask, q, adv, sep, "end"))
+  # the spliced rows written out as plain token rows, scored the way the run scores a solution before the attack
+  rows = [(list(toks[r, :lengths[r]]) + list(adv) + [sep], [], int(q[r])) for r in range(3)]
+  t, m, _, _ = run_exp.arrays(rows)
+  steps = np.asarray(heads.separator_mask(t, sep, m)) * (np.arange(t.shape[1])[None] >= q[:, None])
+  r_BT = np.asarray(heads.position_rewards(head, hcfg, heads.hidden_states(lm, lm_cfg, jnp.asarray(t),
+                                                                           jnp.asarray(m))))
+  before_read = run_exp.solution_rewards(r_BT, steps, kind)
+  np.testing.assert_allclose(before_read, after, rtol=1e-5, atol=1e-6)
+  at = [np.flatnonzero(steps[r]) for r in range(3)]
+  oracle = np.array([r_BT[r, at[r]].min() if kind == "step" else r_BT[r, at[r][-1]] for r in range(3)])
+  np.testing.assert_allclose(before_read, oracle, rtol=1e-6)
+  if kind == "value":  # the minimum would read something else: the test tells the two aggregations apart
+    assert any(r_BT[r, at[r]].min() < r_BT[r, at[r][-1]] - 1e-4 for r in range(3))
+
+
+def test_attacked_and_transfer_problems_are_not_training_problems():
+  spec = ar.Arithmetic(steps=3)
+  train, test = ar.step_labelled(spec, 200, "train", 0), ar.step_labelled(spec, 60, "test", 1)
+  fit, held = run_exp.attack_split(test, 8)
+  assert len(fit) == 8 and not set(fit) & set(held) and all(min(test[i].labels) == 0 for i in [*fit, *held])
+  policy = ([ar.Example("Q: a policy problem\nA: ", "1", 0, "1+0=1")], [ar.Example("Q: held out\nA: ", "2", 0, "")])
+  items = run_exp.split_items(train, test, fit, held, policy)
+  hashed = splits.hashed(items)
+  assert splits.overlaps(hashed) == []
+  assert len(hashed["attacked"]["problems"]) == 8 and len(hashed["train"]["trajectories"]) == 8
+  assert not {e.prompt for e in train} & {test[i].prompt for i in [*fit, *held]}
+  # a PRM trained on an attacked problem is an overlap the recorder refuses
+  leaky = run_exp.split_items(train + [test[fit[0]]], test, fit, held)
+  assert ("attacked", "problems", 1) in splits.overlaps(splits.hashed(leaky))
+  with pytest.raises(splits.SplitOverlap, match="share 1 of their problems"):
+    splits.check(splits.hashed(leaky), {})

@@ -63,7 +63,7 @@ def test_smoke_writes_every_key_curve_and_table(smoke_run):
 @pytest.mark.slow
 def test_state_bytes_ratio_matches_shapes(smoke_run):
   _, res = smoke_run
-  assert res["state_bytes_ratio.llama-1b"] < 0.15  # the paper's memory claim
+  assert res["state_bytes_ratio.llama-1b"] < 0.15
   for size in scale_exp.SIZES:
     np.testing.assert_allclose(res[f"state_bytes_ratio.{size}"], _scale_over_adamw_state(tfm.PRESETS[size]),
                                rtol=1e-6)

@@ -8,7 +8,8 @@ import pytest
 
 from experiments import registry
 
-METHODS = ("vanilla", "fast_dllm", "fast_dllm_dual_cache", "speculative", "speculative_vanilla")
+METHODS = ("vanilla", "fast_dllm", "fast_dllm_dual_cache", "speculative_dual_cache", "speculative",
+           "speculative_vanilla")
 
 
 @pytest.mark.slow
@@ -25,7 +26,14 @@ def test_smoke_preset_writes_every_result(tmp_path):
   # exact speculative decoding of the vanilla sampler decodes vanilla's tokens, in no more forwards
   assert results["accuracy.speculative_vanilla"] == results["accuracy.vanilla"]
   assert results["nfe.speculative_vanilla"] <= results["nfe.vanilla"]
+  # wall-clock speed-up and tokens-per-step ratio of the claims' pair, from the recorded seconds and tokens per step
+  pair = "speculative_dual_cache_over_fast_dllm_dual_cache"
+  assert math.isclose(results[f"speedup.{pair}"],
+                      results["seconds.fast_dllm_dual_cache"] / results["seconds.speculative_dual_cache"])
+  assert math.isclose(results[f"tps_ratio.{pair}"], results["nfe.fast_dllm_dual_cache"]
+                      / results["nfe.speculative_dual_cache"])
   assert os.path.exists(os.path.join(out_dir, "results.json"))
+  assert os.path.exists(os.path.join(out_dir, "splits.json"))
   assert any(f.endswith(".png") for f in os.listdir(out_dir))
 
 

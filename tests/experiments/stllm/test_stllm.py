@@ -228,3 +228,81 @@ def test_smoke_preset_from_the_cli_writes_every_key(tmp_path):
   assert res["test.questions"] == 5 * SMOKE.n_test_rooms
   samples = json.loads((tmp_path / "runs" / "stllm" / "samples.json").read_text())
   assert samples and {"question", "answer", *M.MODELS} <= set(samples[0])
+
+
+def test_cpu_splits_keep_training_and_text_lm_rooms_apart_from_the_test_rooms(tmp_path):
+  import dataclasses
+  from experiments.runner import splits
+  cfg = dataclasses.replace(SMOKE, n_train_rooms=6, n_test_rooms=3, lm_rooms=10)
+  train, test = rea.generate(6, cfg.room, cfg.seed + 1), rea.generate(3, cfg.room, cfg.seed + 2)
+  corpus = ST.lm_corpus(cfg)
+  items = ST.split_items(train, test, corpus)
+  hashes = splits.hashed(items)
+  assert [len(hashes["train"]["scenes"]), len(hashes["test"]["scenes"])] == [16, 3]
+  assert [len(hashes["train"]["questions"]), len(hashes["test"]["questions"])] == [80, 15]
+  assert splits.overlaps(hashes) == []
+  # the same room in both splits is caught
+  leak = ST.split_items(train, train, corpus)
+  assert {(s, k) for s, k, _ in splits.overlaps(splits.hashed(leak))} == {("test", "scenes"), ("test", "questions")}
+  with pytest.raises(splits.SplitOverlap):
+    splits.record(str(tmp_path), "stllm", leak)
+  # the LM's text corpus is the one the run trains on: rooms drawn by the same generator in the same order
+  rng = np.random.default_rng(cfg.seed + 7)
+  first = R.generate_room(cfg.room, rng)
+  assert rea.scene_key(first) == rea.scene_key(corpus[0][0]) and corpus[0][1] == rea.questions(first, 0, cfg.room, rng)
+
+
+def test_full_splits_are_rea_scenes_and_questions(tmp_path):
+  import dataclasses
+  (tmp_path / "lm").mkdir()
+  for f in ("config.json", "tokenizer.json"):
+    (tmp_path / "lm" / f).write_text("{}")
+  for d in ("pcd", "rgb"):
+    (tmp_path / d).mkdir()
+  row = lambda scene, q: {"scene_id": scene, "pointcloud": "p.npy", "conversations": [{"value": f"<image> {q}"},
+                                                                                         {"value": "a"}],
+                          "metadata": {"query_start_frame": 1, "query_stop_frame": 9, "question_type": "find my item"}}
+  (tmp_path / "train.json").write_text(json.dumps([row("P01_01", "where is the cup ?"), row("P02_01", "where ?")]))
+  (tmp_path / "val.json").write_text(json.dumps([row("P03_01", "where is the cup ?")]))
+  cfg = dataclasses.replace(EXP.presets["full"], rea_path=str(tmp_path / "train.json"),
+                            rea_test_path=str(tmp_path / "val.json"), points_dir=str(tmp_path / "pcd"),
+                            frames_dir=str(tmp_path / "rgb"), lm_path=str(tmp_path / "lm"))
+  items = full.split_items(cfg)
+  assert items["train"]["scenes"] == ["P01_01", "P02_01"] and items["test"]["scenes"] == ["P03_01"]
+  assert items["test"]["questions"] == [{"scene": "P03_01", "start": 1, "stop": 9, "question": "where is the cup ?"}]
+  from experiments.runner import splits
+  assert splits.overlaps(splits.hashed(items)) == []
+
+
+def test_judge_verdicts_prompts_and_scores(monkeypatch, tmp_path):
+  import dataclasses
+  from experiments._shared import chat_models
+  from experiments.stllm import judge as J
+  assert [J.verdict(r) for r in ("Correct", " wrong.", "Incorrect", "The answer is correct", "maybe", "")] == \
+      [True, False, False, True, None, None]
+  asked = []
+
+  def answer(cfg, params, tok, ids, n):
+    asked.extend(ids)
+    return ["correct" if "Predicted answer: the desk" in p or "Predicted answer: on the desk" in p else
+            "wrong" if "Predicted answer: on the bed" in p else "hmm" for p in ids], None
+  monkeypatch.setattr(chat_models, "load_chat_model", lambda path: (None, None, None))
+  monkeypatch.setattr(chat_models, "chat_ids", lambda tok, p, system: f"{system}|{p}")
+  monkeypatch.setattr(chat_models, "answer", answer)
+  judge = J.LMJudge("/judge", batch=2)
+  qs = [rea.Question(0, "find_my_item", "where is the cup now ?", "on the desk")] * 4 + [
+      rea.Question(1, "relative_direction", "where is the mug from the agent now ?", "left")]
+  preds = ["the desk", "on the bed", "the desk", "???", "left"]
+  judged = judge([(q.task, q.question, q.answer, p) for q, p in zip(qs, preds)])
+  assert judged == [True, False, True, None, None] and len(asked) == 4  # the repeated item is asked once
+  assert asked[0].startswith(J.SYSTEM + "|") and "Question: where is the cup now ?" in asked[0]
+  assert "Ground truth answer: on the desk" in asked[0] and J.TASK_TEXT["find_my_item"] in asked[0]
+  res = ST.scores(preds, qs, "m", judged)
+  # judged: find_my_item 2 of 4 correct (exact match: 0 of 4); relative_direction's reply is invalid -> wrong
+  assert res["accuracy.find_my_item.m"] == 0.5 and res["exact.find_my_item.m"] == 0.0
+  assert res["accuracy.relative_direction.m"] == 0.0 and res["exact.relative_direction.m"] == 1.0
+  assert res["judge_invalid.m"] == pytest.approx(2 / 5)
+  assert "exact.find_my_item.m" not in ST.scores(preds, qs, "m")  # no judge: exact match is the accuracy
+  with pytest.raises(FileNotFoundError, match="neither a registered real model"):
+    ST.run(dataclasses.replace(SMOKE, judge_path=str(tmp_path / "none")), str(tmp_path / "run"), False)
+  assert not (tmp_path / "run" / "splits.json").exists()  # it fails before choosing data or training

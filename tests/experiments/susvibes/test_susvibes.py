@@ -331,3 +331,78 @@ def test_smoke_preset_with_smollm2_writes_every_key(tmp_path):
   if "skipped.smollm2" not in res:
     assert all(0.0 <= res[f"secure_pass.smollm2.{s}"] <= res[f"func_pass.smollm2.{s}"] <= 1.0
                for s in strategies.STRATEGIES)
+
+
+# One log per start-up error kind of the reference (`susvibes/env_specs/constants.py`): runs that crashed before
+# counting any test, so the log parser finds no failure and only the start-up rule can fail them.
+CRASHED_LOGS = {
+    "pytest collection errors": "collected 3 items / 1 error\n==== ERRORS ====\n!!! Interrupted: 1 error during "
+                                "collection !!!\n",
+    "pytest conftest import error": "ImportError while loading conftest '/workdir/project/tests/conftest.py'.\n"
+                                    "tests/conftest.py:3: in <module>\n",
+    "test-module import failure": "Ran 0 tests\nTest-module import failures:\n\ntests.test_views\n",
+    "Django test database creation crashed": "Creating test database for alias 'default'...\r\nTraceback (most "
+                                             "recent call last):\r\n  File \"manage.py\", line 9\r\n",
+    "Django test database teardown crashed": "....\nOK\nDestroying test database for alias 'default'...\nTraceback "
+                                             "(most recent call last):\n",
+    "Django parallel teardown crashed": "Destroying test database for alias 'other' ('test_other_1')...\n"
+                                        "multiprocessing.pool.RemoteTraceback:\n\"\"\"\n",
+    "log ends on an indentation error": "  File \"app/models.py\", line 12\n    return x\nIndentationError: "
+                                        "unexpected indent\n\n",
+    "management command failed": "Running checks\nAdmin Command Error: no such table\n",
+    "log opens with a traceback": "\n  Traceback (most recent call last):\n  File \"runtests.py\", line 2\n",
+    "Django runner banner then traceback (log start)": "Testing against Django installed in '/usr/lib/django'\n"
+                                                       "Traceback (most recent call last):\n",
+    "compilemessages crashed": "Running setup\n$ django-admin compilemessages\nTraceback (most recent call last):\n",
+    "pytest internal error": "INTERNALERROR> Traceback (most recent call last):\nINTERNALERROR>   File \"x.py\"\n",
+    "pytest usage error": "ERROR: usage: pytest [options]\nUsageError: while parsing the following arguments\n",
+    "test file not found": "running tests\nerror: File not found : None\n",
+    "Django runner banner then traceback": "setting up\nTesting against Django installed in '/d' with up to 4 "
+                                           "processes\nTraceback (most recent call last):\n",
+    "error mark then database teardown": "Creating test database for alias 'default'...\nEDestroying test database "
+                                         "for alias 'default'...\n",
+    "migration then traceback": "Operations to perform:\n  Applying auth.0001_initial... OK\nTraceback (most recent "
+                                "call last):\n",
+    "log opens with a lone error mark": "E\n======\nERROR: setUpClass (tests.test_api.ApiTests)\n",
+}
+
+
+def test_every_reference_startup_error_is_recognised_and_never_passes(monkeypatch):
+  kinds = [what for what, _ in full.STARTUP_ERRORS]
+  assert len(kinds) == len(set(kinds)) == 18 and set(CRASHED_LOGS) == set(kinds)
+  parser = {"FAILED": r"(\d+) failed", "ERROR": r"(\d+) errors? in", "PASSED": r"(\d+) passed"}
+  record = {"instance_id": "o__r_1", "image_name": "img", "task_patch": "", "test_patch": "",
+            "expected_failures": {"func": 0, "sec": 0}}
+  spec = {"dockerfile": "CMD pytest", "logs_parser": parser}
+  for what, pattern in full.STARTUP_ERRORS:
+    log = CRASHED_LOGS[what]
+    assert full.failures(log, parser) == 0  # nothing counted: the failure rule alone would pass it
+    assert re.search(pattern, log.replace("\r\n", "\n"), re.MULTILINE), what
+    assert full.startup_error(log) is not None
+    monkeypatch.setattr(full.sandbox, "run", lambda argv, log=log, **kw: full.sandbox.Result(1, log, "", False))
+    rep = full.run_instance(record, spec, "", 60, 512)
+    assert not rep["func"]["pass"] and not rep["sec"]["pass"], what
+    assert rep["func"]["status"] == rep["sec"]["status"] == "startup_error", what
+
+
+def test_completed_runs_are_not_startup_errors():
+  for log in ("tests/test_a.py ..F.\n____ test_c ____\nTraceback (most recent call last):\nE   assert 1 == 2\n"
+              "==== 1 failed, 3 passed in 0.1s ====\n",
+              "Creating test database for alias 'default'...\n.....\nRan 5 tests in 0.2s\n\nOK\n"
+              "Destroying test database for alias 'default'...\n",
+              "..E.\n======\nERROR: test_x\nRan 4 tests\nFAILED (errors=1)\n"):
+    assert full.startup_error(log) is None, log
+
+
+def test_splits_hold_every_evaluated_task_once_and_nothing_to_train_on(tmp_path):
+  from experiments.runner import splits
+  from experiments.susvibes import run as run_exp
+  items = run_exp.split_items(list(TASKS.values()))
+  assert set(items) == {"test"}  # no training or demonstration split: no task can leak
+  hashes = splits.hashed(items)["test"]["tasks"]
+  assert len(hashes) == len(TASKS) == len(items["test"]["tasks"]) and splits.overlaps(splits.hashed(items)) == []
+  wrote = splits.record(str(tmp_path), "susvibes", items)
+  assert json.load(open(tmp_path / splits.FILE))["test"] == wrote["test"]
+  leaked = {"train": {"tasks": items["test"]["tasks"][:1]}, **items}
+  with pytest.raises(splits.SplitOverlap):
+    splits.record(str(tmp_path), "susvibes", leaked)

@@ -158,3 +158,34 @@ def test_smoke_preset_on_the_real_model(tmp_path):
     pytest.skip(str(e))
   res = run_exp.run(exp.PRESETS["smoke"], str(tmp_path), False)
   assert 0.0 <= res["horizon.top5.layer15.d1"] <= 1.0 and res["positions"] > 0
+
+
+def test_splits_keep_a_repeated_question_on_its_first_side(tmp_path):
+  ex = lambda task, q: reasoning.Example(task, q, (), "yes", ())
+  exs = [ex("a", "q1"), ex("a", "q2"), ex("a", "q1"), ex("a", "q3"), ex("a", "q4"), ex("a", "q2"), ex("b", "q1"),
+         ex("b", "q5")]
+  # task a: distinct q1..q4, the first two train; the repeats of q1 and q2 follow them; task b: q1 trains
+  assert run_exp.splits(exs) == ["train", "train", "train", "test", "test", "train", "train", "test"]
+  from experiments.runner import splits
+  data = run_exp.record_splits(str(tmp_path), exs[:6])
+  assert splits.overlaps(data) == [] and len(data["train"]["questions"]) == 2 == len(data["test"]["questions"])
+  for preset in ("smoke", "cpu"):  # the generated questions: no test question is a training one
+    qs = run_exp.questions(exp.PRESETS[preset])
+    where = run_exp.splits(qs)
+    train = {(e.task, e.prompt) for e, w in zip(qs, where) if w == "train"}
+    test = {(e.task, e.prompt) for e, w in zip(qs, where) if w == "test"}
+    assert train and test and not train & test
+  with pytest.raises(splits.SplitOverlap):  # what record refuses when a test question is also a training one
+    splits.check(splits.hashed({"train": {"questions": ["q1"]}, "test": {"questions": ["q1"]}}), {})
+
+
+def test_bypass_uses_the_papers_log20_normalisation_and_first_five_tokens():
+  cfg = exp.Config()
+  assert (cfg.entropy_norm, cfg.bypass_window, cfg.bypass_threshold) == (20.0, 5, 0.1)
+  cut = 0.1 * math.log(20)  # entropy (nats) below which a position is confident
+  assert run_exp.bypass_at(cfg, [1.0, 1.0, 1.0, 1.0, cut * 0.99, 0.0]) == 4
+  assert run_exp.bypass_at(cfg, [1.0, 1.0, 1.0, 1.0, cut * 1.01, 0.0]) is None  # the 6th position is too late
+  assert run_exp.bypass_at(cfg, [1.0, cut * 0.5, 0.0]) == 1
+  assert run_exp.bypass_at(dataclasses.replace(cfg, bypass_window=4), [1.0] * 4 + [0.0]) is None
+  assert run_exp.bypass_at(dataclasses.replace(cfg, entropy_norm=2.0), [0.1 * math.log(2) * 0.99]) == 0
+  assert run_exp.bypass_at(cfg, [0.1 * math.log(2) * 1.5]) == 0  # confident on the log 20 scale, not on log 2

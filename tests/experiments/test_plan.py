@@ -1,0 +1,83 @@
+"""`experiments plan`: a preset's workloads compiled ahead of time for a topology, with the JSON keys the README
+names, a fit verdict from the compiler's memory analysis, traced FLOPs against a closed form and against the
+model's analytic count, and one line (exit 1) when a workload does not fit."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from experiments import __main__ as cli
+from experiments.runner import plan as plan_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOP = {"experiment", "preset", "topology", "chips", "hbm_bytes_per_chip", "fits", "chip_hours", "workloads"}
+WORKLOAD = {"name", "kind", "mesh", "bytes_per_chip", "hbm_bytes_per_chip", "fits", "flops_per_step",
+            "analytic_flops_per_step", "seconds_per_step", "steps"}
+
+
+def test_traced_flops_count_each_scan_body_times_its_length():
+  def f(x_MK, ws_LKK):
+    def body(x, w):
+      return jnp.tanh(x @ w), None
+    return jax.lax.scan(body, x_MK, ws_LKK)[0] @ ws_LKK[0]
+  m, k, layers = 8, 16, 5
+  args = (jax.ShapeDtypeStruct((m, k), jnp.float32), jax.ShapeDtypeStruct((layers, k, k), jnp.float32))
+  assert plan_lib.traced_flops(f, *args) == (layers + 1) * 2 * m * k * k
+  grad = jax.grad(lambda x, w: f(x, w).sum(), argnums=1)  # backward: two matmuls per forward matmul
+  assert plan_lib.traced_flops(grad, *args) == 3 * (layers + 1) * 2 * m * k * k
+
+
+def test_plan_on_cpu_8_writes_the_named_keys_and_matches_the_analytic_flops(tmp_path):
+  out = tmp_path / "plan.json"
+  assert cli.main(["plan", "lm_pretrain", "--preset", "smoke", "--topology", "cpu-8", "--json", str(out)]) == 0
+  p = json.loads(out.read_text())
+  assert set(p) == TOP and p["experiment"] == "lm_pretrain" and p["chips"] == 8 and p["fits"] is True
+  assert [w["name"] for w in p["workloads"]] == ["train_step", "eval_step"]
+  for w in p["workloads"]:
+    assert set(w) == WORKLOAD and w["mesh"]["data"] == 8 and 0 < w["bytes_per_chip"] <= w["hbm_bytes_per_chip"]
+    assert 0.65 <= w["flops_per_step"] / w["analytic_flops_per_step"] <= 1.5
+  train = p["workloads"][0]
+  assert train["steps"] == 30 and p["chip_hours"] == pytest.approx(
+      sum(w["steps"] * w["seconds_per_step"] for w in p["workloads"]) * 8 / 3600)
+
+
+def test_a_workload_that_does_not_fit_is_one_line_and_exit_1(monkeypatch, capsys):
+  small = plan_lib.Topology("cpu-8", "cpu", 8, 1 << 20, 1e9)  # 1 MiB per chip
+  monkeypatch.setattr(plan_lib, "topology", lambda name: small)
+  assert cli.main(["plan", "lm_pretrain", "--preset", "cpu", "--topology", "cpu-8"]) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: lm_pretrain (cpu): train_step needs ")
+  assert "GiB per chip, a cpu-8 chip has 0.00 GiB" in err[0]
+
+
+def test_bad_topology_and_unplannable_experiment_are_one_line(capsys):
+  assert cli.main(["plan", "lm_pretrain", "--topology", "v9x-3"]) == 2
+  assert "unknown topology 'v9x-3'; expected a TPU type (v5e-1," in capsys.readouterr().err
+  assert cli.main(["plan", "chat", "--topology", "cpu-1"]) == 2
+  assert "chat declares no workloads to plan" in capsys.readouterr().err
+
+
+def _has_libtpu() -> bool:
+  import importlib.util
+  return importlib.util.find_spec("libtpu") is not None
+
+
+@pytest.mark.skipif(not _has_libtpu(), reason="libtpu not installed (pip install -e '.[tpu]')")
+def test_plan_for_a_tpu_slice_from_the_cli(tmp_path):
+  out = tmp_path / "v5e.json"
+  p = subprocess.run([sys.executable, "-m", "experiments", "plan", "lm_pretrain", "--preset", "cpu", "--topology",
+                      "v5e-8", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stderr[-2000:]
+  plan = json.loads(out.read_text())
+  assert plan["chips"] == 8 and plan["hbm_bytes_per_chip"] == 16 * 2 ** 30 and plan["fits"] is True
+
+
+def test_plan_scale_compiles_each_optimizers_step(tmp_path):
+  from experiments.runner import plan as plan_lib
+  p = plan_lib.plan("scale", "smoke", "cpu-8", ["optimizers=adamw,scale"])
+  assert [w["name"] for w in p["workloads"]] == ["train_step.adamw", "train_step.scale", "eval_step"]
+  assert all(w["fits"] and 0.65 <= w["flops_per_step"] / w["analytic_flops_per_step"] <= 1.5 for w in p["workloads"])
