@@ -226,7 +226,8 @@ def evaluate(params, model_cfg, tok, examples, max_new_tokens: int, batch: int,
   return answers.accuracy(completions, examples), completions
 
 
-def _load_examples(setup: Setup, seed: int) -> tuple[list, list]:
+def load_examples(setup: Setup, seed: int) -> tuple[list, list]:
+  """(training, test) examples of `setup`: its JSONL files, else its generated word problems (seeds seed + 11, + 12)."""
   if setup.train_path is not None:
     train = arithmetic.load_jsonl(setup.train_path, setup.train_format, setup.train_examples or None)
     test = arithmetic.load_jsonl(setup.test_path, setup.test_format, setup.test_examples or None)
@@ -271,7 +272,7 @@ def prepare(setup: Setup, out_dir: str, writer, seed: int = 0) -> Context:
       params, _ = pretrain(setup, tok, writer, seed)
     if jax.process_index() == 0:
       hf.save(os.path.join(out_dir, "base"), model_cfg, params, overwrite=True)
-  train, test = _load_examples(setup, seed)
+  train, test = load_examples(setup, seed)
   need = max(len(tok.encode(e.prompt)) + len(tok.encode(e.target)) + 1 for e in train)
   if need > setup.seq_len:
     raise ValueError(f"setup.seq_len ({setup.seq_len}) is shorter than the longest training example "

@@ -190,7 +190,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   test = ar.step_labelled(spec, cfg.test_problems, "test", cfg.seed + 1)
   fit, held = attack_split(test, cfg.attack_rows)
   # the policy's word problems, as `reward_hacking` loads them (adapters.prepare with cfg.seed)
-  policy = adapters._load_examples(cfg.policy, cfg.seed) if cfg.rl_iterations else None
+  policy = adapters.load_examples(cfg.policy, cfg.seed) if cfg.rl_iterations else None
   splits.record(out_dir, "prm_attack", split_items(train, test, fit, held, policy))
   if cfg.prm_path is None:
     curve = prm.train([prm.encode(e.prompt, e.steps) for e in train], [e.labels for e in train], cfg)

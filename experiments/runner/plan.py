@@ -17,6 +17,7 @@ convolutions); `seconds_per_step` is that count at the chips' peak FLOP/s (100% 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -172,7 +173,7 @@ def _needed_bytes(message: str) -> int | None:
 def compile_workload(w: Workload, topo: Topology, mesh) -> dict:
   """One workload compiled for `topo`: the figures `plan` reports for it."""
   import jax
-  ctx = jax.default_device(mesh.devices.flat[0]) if topo.platform == "tpu" else _null()
+  ctx = jax.default_device(mesh.devices.flat[0]) if topo.platform == "tpu" else contextlib.nullcontext()
   with ctx:
     lowered = w.fn.lower(*w.args)
     try:
@@ -187,14 +188,6 @@ def compile_workload(w: Workload, topo: Topology, mesh) -> dict:
           "bytes_per_chip": per_chip, "hbm_bytes_per_chip": topo.hbm_bytes_per_chip,
           "fits": per_chip <= topo.hbm_bytes_per_chip, "flops_per_step": flops,
           "analytic_flops_per_step": w.analytic_flops, "seconds_per_step": seconds, "steps": w.steps}
-
-
-class _null:
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    return False
 
 
 def plan(name: str, preset: str, topology_name: str, overrides=()) -> dict:

@@ -209,22 +209,24 @@ def register(exp: Experiment) -> Experiment:
   return exp
 
 
+def _lazy(module: str, attr: str, wrapper: str) -> Callable:
+  """`module.attr`, imported at the first call."""
+  def call(*args):
+    return getattr(importlib.import_module(module), attr)(*args)
+  call.__qualname__ = call.__name__ = f"{wrapper}({module!r})"
+  return call
+
+
 def run_of(module: str) -> Callable[[Any, str, bool], dict]:
   """The `run(cfg, out_dir, resume)` of `module` (a paper's `experiments/<paper>/run.py`), imported at its first
   call: run.py reads its package's Config, so the package names its run instead of importing it."""
-  def run(cfg, out_dir: str, resume: bool) -> dict:
-    return importlib.import_module(module).run(cfg, out_dir, resume)
-  run.__qualname__ = run.__name__ = f"run_of({module!r})"
-  return run
+  return _lazy(module, "run", "run_of")
 
 
 def plan_of(module: str) -> Callable[[Any, Any], list]:
   """The `workloads(cfg, mesh)` of `module` (a paper's run.py) for `Experiment(plan=...)`, imported at its first
   call, as `run_of` does for the run."""
-  def plan(cfg, mesh) -> list:
-    return importlib.import_module(module).workloads(cfg, mesh)
-  plan.__qualname__ = plan.__name__ = f"plan_of({module!r})"
-  return plan
+  return _lazy(module, "workloads", "plan_of")
 
 
 def register_bench(name: str, fn: Callable[[list], dict], description: str = "") -> Bench:

@@ -18,7 +18,9 @@ import hashlib
 import json
 import os
 
-FILE, TRAIN, SHARED = "splits.json", "train", "shared"
+from experiments.runner import registry
+
+FILE, TRAIN, SHARED = registry.SPLITS_FILE, "train", "shared"
 
 
 class SplitOverlap(ValueError):
@@ -50,7 +52,6 @@ def overlaps(hashes: dict) -> list[tuple[str, str, int]]:
 
 def declared_shared(experiment: str) -> dict[str, str]:
   """The kinds `experiment` (a registered name) declares shared between train and evaluation."""
-  from experiments.runner import registry
   return dict(registry.get(experiment).shared)
 
 

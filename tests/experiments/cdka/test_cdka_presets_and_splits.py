@@ -6,11 +6,11 @@ import math
 import pytest
 
 from experiments import cdka as cdka_exp
+from experiments._shared import adapters
 from experiments.cdka import run as cdka_run
 from experiments.runner import splits
 from jaxlab.adapters import kron, lora
 from jaxlab.data import load_tokenizer
-from jaxlab.data.tasks import arithmetic
 
 
 @pytest.mark.parametrize("preset", list(cdka_exp.PRESETS))
@@ -52,9 +52,7 @@ def test_metamath_gsm_keeps_the_first_short_gsm_records(tmp_path):
 @pytest.mark.parametrize("preset", ["smoke", "cpu"])
 def test_training_and_test_questions_are_disjoint(preset):
   setup = cdka_exp.PRESETS[preset].setup
-  spec = setup.arithmetic()
-  train = arithmetic.word_problems(spec, setup.train_examples, "train", 11)  # as `common.prepare` draws them
-  test = arithmetic.word_problems(spec, setup.test_examples, "test", 12)
+  train, test = adapters.load_examples(setup, 0)  # what `adapters.prepare` trains and tests on
   assert splits.overlaps(splits.hashed(cdka_run.split_items(train, test))) == []
   assert not {e.prompt for e in train} & {e.prompt for e in test}
   assert splits.overlaps(splits.hashed(cdka_run.split_items(train, test + train[-2:]))) == [("test", "questions", 2)]

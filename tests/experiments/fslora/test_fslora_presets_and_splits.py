@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 
 from experiments import fslora as fslora_exp
+from experiments._shared import adapters
 from experiments.fslora import run as fslora_run
 from experiments.runner import splits
 from jaxlab.adapters import fslora
-from jaxlab.data.tasks import arithmetic
 
 
 def _normal_ranks_oracle(n, a, b, seed):
@@ -37,9 +37,7 @@ def test_full_preset_resolves_to_the_reference_hyperparameters():
 @pytest.mark.parametrize("preset", ["smoke", "cpu"])
 def test_client_shards_and_test_questions_are_disjoint(preset):
   setup = fslora_exp.PRESETS[preset].setup
-  spec = setup.arithmetic()
-  train = arithmetic.word_problems(spec, setup.train_examples, "train", 11)  # as `common.prepare` draws them
-  test = arithmetic.word_problems(spec, setup.test_examples, "test", 12)
+  train, test = adapters.load_examples(setup, 0)  # what `adapters.prepare` trains and tests on
   cfg = fslora_exp.PRESETS[preset]
   shards = fslora.dirichlet_split(fslora_run.client_labels(train), cfg.n_clients, cfg.dirichlet_alpha, seed=0)
   items = fslora_run.split_items(train, test, shards)

@@ -232,12 +232,18 @@ def _replay(problem, actions):
   return states
 
 
-def test_agents_follow_memory_without_calls_and_never_step_into_dead_ends(tmp_path):
-  problem = cooking.generate(4, "onion_soup", distractors=0)
+def _remembered_plan(problem, tmp_path):
+  """(states, actions) of the problem's shortest plan, GAT params, and a memory holding that trace."""
   states, actions = replay(problem, shortest_plan(problem, problem.init, tmp_path))
   params = gnn.init(CFG, jax.random.PRNGKey(0))
   memory = gig.Memory(CFG.d_embed)
   memory.add_trace(embed(problem, states, CFG, params), actions)
+  return states, actions, params, memory
+
+
+def test_agents_follow_memory_without_calls_and_never_step_into_dead_ends(tmp_path):
+  problem = cooking.generate(4, "onion_soup", distractors=0)
+  states, actions, params, memory = _remembered_plan(problem, tmp_path)
   r = gig.play_agent(gig.Kitchen(problem), "gig", Scripted(lambda text, n: 0), depth=1, max_steps=40, memory=memory,
                      embed=_embedder(CFG), gparams=params, threshold=1e-3, retrieval="execute")
   assert r["success"] and r["calls"] == 0 and r["memory_share"] == 1.0 and r["actions"] == actions
@@ -254,10 +260,7 @@ def test_agents_follow_memory_without_calls_and_never_step_into_dead_ends(tmp_pa
 
 def test_gigs_llm_sees_the_retrieved_action_and_the_one_step_projections(tmp_path):
   problem = cooking.generate(4, "onion_soup", distractors=0)
-  states, actions = replay(problem, shortest_plan(problem, problem.init, tmp_path))
-  params = gnn.init(CFG, jax.random.PRNGKey(0))
-  memory = gig.Memory(CFG.d_embed)
-  memory.add_trace(embed(problem, states, CFG, params), actions)
+  states, actions, params, memory = _remembered_plan(problem, tmp_path)
   prompts = []
 
   def follow_memory(text, n):  # a scripted LM that records its prompts and takes the remembered action
