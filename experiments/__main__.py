@@ -83,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
   m = sub.add_parser("readme", help="rewrite the README's paper table from a claims report")
   m.add_argument("--claims", default="runs/claims.json")
   m.add_argument("--readme", default="README.md")
+  m.add_argument("--plan", default="runs/plan.json", help="a `plan --all` report for the paper scale table (if it "
+                 "exists)")
   m.add_argument("--merge", action="store_true",
                  help="replace only the rows of the papers this report ran, and name the report above the table")
   g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -92,7 +94,14 @@ def _parser() -> argparse.ArgumentParser:
   j.add_argument("--preset", default=None, choices=registry.PRESETS, help="the preset, likewise")
   n = sub.add_parser("plan", help="compile a preset's workloads ahead of time for a TPU slice (or cpu-N): per-chip "
                                   "bytes, fit, FLOPs, chip-hours")
-  n.add_argument("name")
+  n.add_argument("name", nargs="?", default=None)
+  n.add_argument("--all", action="store_true", help="every paper's experiment, each on the smallest slice from "
+                 "--topology up on which it fits: writes ROOT/plan.md and ROOT/plan.json")
+  n.add_argument("--root", default="runs")
+  n.add_argument("--only", nargs="+", default=None, help="with --all: these experiments only")
+  n.add_argument("--force", action="store_true", help="with --all: plan again what ROOT/plan/ holds for this config")
+  n.add_argument("--cached", action="store_true", help="with --all: write the table from what ROOT/plan/ holds, "
+                 "planning nothing (the rest is listed as not planned yet)")
   n.add_argument("--preset", default="full", choices=registry.PRESETS)
   n.add_argument("--topology", required=True, help="a Cloud TPU type (v5e-8, v5p-64, v6e-16, ...), cpu-N or local")
   n.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -190,6 +199,10 @@ def _readme(args) -> int:
     report = json.load(f)
   changed = readme_lib.update(args.readme, report, merge=args.merge)
   print(f"{args.readme}: paper table {'rewritten' if changed else 'already current'} from {args.claims}")
+  if os.path.exists(args.plan):
+    with open(args.plan) as f:
+      changed = readme_lib.update_scale(args.readme, json.load(f))
+    print(f"{args.readme}: paper scale table {'rewritten' if changed else 'already current'} from {args.plan}")
   return 0
 
 
@@ -200,6 +213,14 @@ def _plan(args) -> int:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count="
                                f"{m.group(1)}").strip()  # read when JAX starts its CPU backend, below
   from experiments.runner import plan as plan_lib
+  if args.all == (args.name is not None):
+    raise ValueError("plan: expected an experiment NAME or --all, not both or neither")
+  if args.all:
+    report = plan_lib.plan_all(args.topology, args.preset, args.only, lambda m: print(m, flush=True),
+                               os.path.join(args.root, "plan"), args.force, args.cached)
+    path = plan_lib.write_all(report, args.root)
+    print(f"{path}: {len(report['plans'])} experiments planned, {len(report['errors'])} could not be")
+    return 1 if report["errors"] or not all(p["fits"] for p in report["plans"]) else 0
   registry.config_for(args.name, args.preset, args.overrides, required=False)  # a bad --set fails before compiling
   p = plan_lib.plan(args.name, args.preset, args.topology, args.overrides)
   print(plan_lib.table(p))

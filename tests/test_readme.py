@@ -28,7 +28,7 @@ def test_readme_commands_are_what_ci_runs():
   assert main == "bash install.sh && python -m experiments reproduce --preset cpu"
   assert tests == "bash install.sh test && python -m pytest -n 2 tests"
   ci = open(os.path.join(REPO, ".ci", "run")).read()
-  assert 'bash install.sh test "$@"' in ci and "python -m pytest -n 2 tests\n" in ci
+  assert 'bash install.sh test tpu "$@"' in ci and "python -m pytest -n 2 tests\n" in ci
   assert "python -m experiments reproduce --preset smoke" in ci
 
 

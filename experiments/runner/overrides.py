@@ -29,6 +29,35 @@ class Required(str):
     return f"Required({str.__repr__(self)})"
 
 
+class Hub(Required):
+  """A preset's checkpoint or dataset named by its Hugging Face repo id: `Hub("GSAI-ML/LLaDA-8B-Instruct")`
+  ("datasets/org/name" for a dataset). Before a run starts, `resolve_hubs` replaces it with the directory it was
+  downloaded to (`jaxlab.hf.hub.local_path`); one not downloaded is an unset `Required` whose message is the command
+  that fetches it. `experiments plan` reads its architecture without it (`jaxlab.hf.hub.architecture`)."""
+  __slots__ = ()
+
+  def __repr__(self) -> str:
+    return f"Hub({str.__repr__(self)})"
+
+  def how(self, key: str) -> str:
+    from jaxlab.hf import hub
+    return f"{self} is not downloaded: {hub.fetch_command(self)}, or --set {key}=PATH"
+
+
+def resolve_hubs(cfg):
+  """`cfg` with every `Hub` field (nested configs included) that is downloaded replaced by its local directory."""
+  from jaxlab.hf import hub
+  kw = {}
+  for f in dataclasses.fields(cfg):
+    v = getattr(cfg, f.name, None)
+    if isinstance(v, Hub) and (path := hub.local_path(v)) is not None:
+      kw[f.name] = path
+    elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+      if (r := resolve_hubs(v)) is not v:
+        kw[f.name] = r
+  return dataclasses.replace(cfg, **kw) if kw else cfg
+
+
 def unset_required(cfg, prefix: str = "") -> list[tuple[str, Required]]:
   """(dotted field name, placeholder) of every field of `cfg` (nested configs included) still holding a Required."""
   out = []

@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 from experiments.runner import provenance
 from experiments.runner.claims import PAPERS, Check, Claim
-from experiments.runner.overrides import (OverrideError, Required, apply_overrides, config_dict,  # noqa: F401
-                                          flatten, unset_required)
+from experiments.runner.overrides import (Hub, OverrideError, Required, apply_overrides, config_dict,  # noqa: F401
+                                          flatten, resolve_hubs, unset_required)
 from experiments.runner.plots import plot_curves  # noqa: F401
 from experiments.runner.report import (describe_config, plots_in, read_results, results_table,  # noqa: F401
                                        write_report, write_summary)
@@ -73,7 +73,8 @@ class Experiment:
     shared: item kinds a run's `train` split may share with its evaluation splits (`runner.splits`), kind -> why
       (each also a row of the paper's departures table); any other overlap stops the run before it trains.
     plan: `(cfg, mesh) -> [runner.plan.Workload]`, the jitted functions the run calls with abstract arguments, for
-      `python -m experiments plan` (None: not plannable yet).
+      `python -m experiments plan` (None: the `workloads` of the module `run_of` names, if it has one; see
+      `workloads_of`).
     results: the keys of the results `run` returns (flattened; the runner's own `RUNNER_KEYS` apart): exact keys,
       or patterns in which `<name>` stands for any non-empty text (`val_loss.<opt>`); a trailing "?" marks keys a
       run may leave out (those only some presets or configs write). A finished run must write exactly these (an
@@ -214,6 +215,7 @@ def _lazy(module: str, attr: str, wrapper: str) -> Callable:
   def call(*args):
     return getattr(importlib.import_module(module), attr)(*args)
   call.__qualname__ = call.__name__ = f"{wrapper}({module!r})"
+  call.module = module
   return call
 
 
@@ -227,6 +229,16 @@ def plan_of(module: str) -> Callable[[Any, Any], list]:
   """The `workloads(cfg, mesh)` of `module` (a paper's run.py) for `Experiment(plan=...)`, imported at its first
   call, as `run_of` does for the run."""
   return _lazy(module, "workloads", "plan_of")
+
+
+def workloads_of(exp: Experiment) -> Callable[[Any, Any], list] | None:
+  """The experiment's `plan`, or else the `workloads(cfg, mesh)` of its run module (imported), or None."""
+  if exp.plan is not None:
+    return exp.plan
+  module = getattr(exp.run, "module", None)
+  if module is None or not hasattr(importlib.import_module(module), "workloads"):
+    return None
+  return plan_of(module)
 
 
 def register_bench(name: str, fn: Callable[[list], dict], description: str = "") -> Bench:
@@ -333,8 +345,8 @@ def read_items(run_dir: str) -> dict[str, list[float]]:
 def config_for(name: str, preset: str, overrides=(), required: bool = True):
   """The config a run of `name` at `preset` with `--set` overrides (`key=value` strings) uses, checked before
   anything runs: the overrides parsed and applied, every `typing.Literal` field one of its values, and (unless
-  `required` is False, as for `plan`, which reads no data) no `Required` placeholder left (naming each with how
-  to set it). Errors are one line (OverrideError) that starts with the experiment's name."""
+  `required` is False, as for `plan`, which reads no data) every downloaded `Hub` checkpoint replaced by its
+  directory and no `Required` placeholder left (naming each with how to set it or the command that fetches it). Errors are one line (OverrideError) that starts with the experiment's name."""
   exp = get(name)
   if preset not in exp.presets:
     raise ValueError(f"unknown preset {preset!r} for {name}; expected one of {sorted(exp.presets)}")
@@ -343,9 +355,13 @@ def config_for(name: str, preset: str, overrides=(), required: bool = True):
     choices.check(cfg, functools.partial(_fail, OverrideError, ""))
   except OverrideError as e:
     raise OverrideError(f"{name}: {e}") from None
-  unset = unset_required(cfg) if required else []
+  if not required:
+    return cfg
+  cfg = resolve_hubs(cfg)
+  unset = unset_required(cfg)
   if unset:
-    raise OverrideError(f"{name} --preset {preset}: " + "; ".join(f"{k} is required ({how})" for k, how in unset))
+    raise OverrideError(f"{name} --preset {preset}: " + "; ".join(
+        f"{k}: {how.how(k)}" if isinstance(how, Hub) else f"{k} is required ({how})" for k, how in unset))
   return cfg
 
 

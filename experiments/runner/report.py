@@ -116,6 +116,27 @@ def skipped_list(report: dict) -> list[str]:
   return ["Skipped, for a tool or package that is not installed (install it and rerun them):", ""] + skipped + [""]
 
 
+def times_table(report: dict) -> list[str]:
+  """The run time of each experiment (its seeds' `wall_s` summed; runs read back keep their original time) and the
+  total, as lines of a markdown table; none when no run recorded one."""
+  rows, total = [], 0.0
+  for name, e in report["experiments"].items():
+    walls = [r["wall_s"] for r in e.get("results_per_seed") or () if isinstance(r.get("wall_s"), (int, float))]
+    if walls:
+      rows.append(f"| {name} | {len(walls)} | {duration(sum(walls))} |")
+      total += sum(walls)
+  if not rows:
+    return []
+  return (["Run times (each run's wall time as its results.json records it):", "", "| experiment | runs | time |",
+           "|---|---|---|"] + rows + [f"| total | {sum(int(r.split('|')[2]) for r in rows)} | {duration(total)} |", ""])
+
+
+def duration(s: float) -> str:
+  """`1h02m` or `4m05s`."""
+  s = int(round(s))
+  return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
 def write_report(root: str, report: dict) -> str:
   """`root/report.md` from a claims report (`reproduce.build`): the command and commits, the papers table, the
   experiments skipped for a missing tool or package, then per paper its claims, its harness checks apart, each run's
@@ -128,6 +149,7 @@ def write_report(root: str, report: dict) -> str:
            "Verdicts are computed from results.json (and items.json's per-item scores) only.", "",
            f"Command: `{report.get('command', '-')}`; runs made at commit(s) "
            f"{', '.join(report.get('commits') or ['-'])}.", "", papers_table(report, root), ""] + skipped_list(report)
+  lines += times_table(report)
   done = set()
 
   def runs(name):

@@ -22,7 +22,7 @@ from typing import Callable
 from experiments.runner import claims as claims_lib
 from experiments.runner import provenance, registry
 from experiments.runner.overrides import apply_overrides, config_dict
-from experiments.runner.report import departures, write_report
+from experiments.runner.report import departures, duration, write_report
 from experiments.runner.rundirs import has_results
 from jaxlab import errors
 
@@ -71,9 +71,24 @@ def first_free(base: str) -> str:
   return os.path.abspath(f"{base}-{i}")
 
 
-def _duration(s: float) -> str:
-  s = int(round(s))
-  return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+def previous_times(root: str, preset: str) -> dict[tuple[str, int], float]:
+  """(experiment, seed index) -> wall seconds of the runs in `root/claims.json` when it is a report of `preset`."""
+  try:
+    with open(os.path.join(root, "claims.json")) as f:
+      report = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  if report.get("preset") != preset:
+    return {}
+  return {(name, k): float(r["wall_s"]) for name, e in report.get("experiments", {}).items()
+          for k, r in enumerate(e.get("results_per_seed") or ()) if isinstance(r.get("wall_s"), (int, float))}
+
+
+def progress(i: int, n: int, elapsed: float, left: float | None, width: int = 20) -> str:
+  """`[#####---------------] 5/20, elapsed 1m40s, about 5m00s left`: the bar of item i (1-based) of n."""
+  done = round(width * (i - 1) / n)
+  eta = "" if left is None else f", about {duration(left)} left"
+  return f"[{'#' * done}{'-' * (width - done)}] {i}/{n}, elapsed {duration(elapsed)}{eta}"
 
 
 def _field(cfg, dotted: str):
@@ -115,6 +130,7 @@ def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = F
              for name in names}
   code = None if reuse_any else provenance.current()
   failed, skipped, t_start, ran_s, ran_n = 0, 0, time.time(), 0.0, 0
+  before = previous_times(root, preset)
   for name, err in registry.import_errors().items():
     if not only or name in only:
       entries[name] = {"name": name, "error": f"import failed: {err}"}
@@ -122,10 +138,11 @@ def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = F
   for i, (name, k, sets, base, cfg) in enumerate(plan):
     if entries[name].get("skipped"):  # its other seeds lack the same tool
       continue
-    elapsed = time.time() - t_start
-    left = "" if not ran_n else f", about {_duration(ran_s / ran_n * (len(plan) - i))} left"
+    known = [before[(n, j)] for n, j, *_ in plan[i:] if (n, j) in before]
+    mean = ran_s / ran_n if ran_n else (sum(before.values()) / len(before) if before else None)
+    left = None if mean is None else sum(known) + mean * (len(plan) - i - len(known))
     label = name + (f" seed +{k}" if k else "")
-    print(f"=== [{i + 1}/{len(plan)}] {label} ({preset}); elapsed {_duration(elapsed)}{left}", flush=True)
+    print(f"=== {label} ({preset}) {progress(i + 1, len(plan), time.time() - t_start, left)}", flush=True)
     out_dir, done = matching_run(base, preset, cfg, code)
     if done and not force:
       print(f"    {out_dir} already holds these results; not rerun (--force reruns)", flush=True)

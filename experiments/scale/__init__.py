@@ -155,7 +155,6 @@ PRESETS = {
 
 registry.register(registry.Experiment(
     name="scale", config_cls=Config, presets=PRESETS, run=registry.run_of("experiments.scale.run"),
-    plan=registry.plan_of("experiments.scale.run"),
     description="SCALE vs AdamW, SGD rungs, GaLore, APOLLO, Muon: LLaMA pretraining at equal tokens",
     resume_may_change=("mesh", "strategy", "log_every", "timing_steps"),
     results=("val_loss.<optimizer>", "diverged_at.<optimizer>?", "initial_val_loss", "state_bytes_ratio.<size>?",

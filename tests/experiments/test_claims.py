@@ -14,6 +14,7 @@ from experiments.runner import claims as claims_lib
 from experiments.runner import provenance, splits
 from experiments.runner import readme as readme_lib
 from experiments.runner import report as report_lib
+from experiments.runner import reproduce as reproduce_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +89,8 @@ def test_reproduce_report_with_claims_seeds_and_resume(toy, tmp_path, capsys):
   assert sorted(RUNS) == sorted([(0, f"{root}/toy_a"), (1, f"{root}/toy_a.seed1"), (2, f"{root}/toy_a.seed2"),
                                  (0, f"{root}/toy_b"), (1, f"{root}/toy_b.seed1"), (2, f"{root}/toy_b.seed2")])
   out = capsys.readouterr().out
-  assert "=== [1/6] toy_a (cpu); elapsed" in out and "=== [6/6] toy_b seed +2" in out and "left" in out
+  assert "=== toy_a (cpu) [--------------------] 1/6, elapsed" in out and "=== toy_b seed +2 (cpu) [" in out
+  assert "5/6, elapsed" in out and "left" in out
   report = json.load(open(os.path.join(root, "claims.json")))
   verdicts = {c["id"]: c["verdict"] for c in report["papers"]["scale"]["claims"]}
   assert verdicts == {"beats": "unstable (2 of 3 seeds hold)", "cheap": "not reproduced",
@@ -98,6 +100,12 @@ def test_reproduce_report_with_claims_seeds_and_resume(toy, tmp_path, capsys):
   assert ("| scale | SCALE: column-normalized SGD with last-layer momentum | toy_a | 1 unstable, 1 not reproduced, "
           "1 not measurable at this preset |") in md
   assert "| gig | Graph-in-Graph planning | - | not yet implemented |" in md and "## toy_b" in md
+  walls = {n: sum(r["wall_s"] for r in e["results_per_seed"]) for n, e in report["experiments"].items()}
+  assert f"| toy_a | 3 | {report_lib.duration(walls['toy_a'])} |" in md and "| total | 6 |" in md
+  before = reproduce_lib.previous_times(root, "cpu")
+  assert sorted(before) == sorted((n, k) for n in ("toy_a", "toy_b") for k in range(3))
+  assert reproduce_lib.previous_times(root, "full") == {}  # another preset's times say nothing of this one
+  assert reproduce_lib.progress(3, 4, 61, 90, width=8) == "[####----] 3/4, elapsed 1m01s, about 1m30s left"
 
   RUNS.clear()  # again: everything is read back, nothing reruns
   assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--seeds", "3", "--only", "toy_a", "toy_b"]) == 0

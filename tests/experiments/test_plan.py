@@ -29,6 +29,17 @@ def test_traced_flops_count_each_scan_body_times_its_length():
   assert plan_lib.traced_flops(f, *args) == (layers + 1) * 2 * m * k * k
   grad = jax.grad(lambda x, w: f(x, w).sum(), argnums=1)  # backward: two matmuls per forward matmul
   assert plan_lib.traced_flops(grad, *args) == 3 * (layers + 1) * 2 * m * k * k
+  pick = lambda p, x, w: jax.lax.cond(p, lambda: f(x, w), lambda: x)  # noqa: E731  (the costlier branch counts)
+  assert plan_lib.traced_flops(pick, jax.ShapeDtypeStruct((), bool), *args) == (layers + 1) * 2 * m * k * k
+
+  def conv(x_NWC, k_WIO):  # a kernel stored [W, I, O], as Whisper's are: 2 * outputs * W * I
+    return jax.lax.conv_general_dilated(x_NWC, k_WIO, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
+  shapes = (jax.ShapeDtypeStruct((2, 50, 80), jnp.float32), jax.ShapeDtypeStruct((3, 80, 384), jnp.float32))
+  assert plan_lib.traced_flops(conv, *shapes) == 2 * (2 * 50 * 384) * 3 * 80
+
+  def loop(x, w):
+    return jax.lax.while_loop(lambda c: c[1] < 3, lambda c: (jnp.tanh(c[0] @ w[0]), c[1] + 1), (x, 0))[0]
+  assert plan_lib.traced_flops(loop, *args, loop_trips=7) == 7 * 2 * m * k * k
 
 
 def test_plan_on_cpu_8_writes_the_named_keys_and_matches_the_analytic_flops(tmp_path):
@@ -74,6 +85,7 @@ def test_plan_for_a_tpu_slice_from_the_cli(tmp_path):
   assert p.returncode == 0, p.stderr[-2000:]
   plan = json.loads(out.read_text())
   assert plan["chips"] == 8 and plan["hbm_bytes_per_chip"] == 16 * 2 ** 30 and plan["fits"] is True
+  assert 0 < plan_lib.mfu(plan) <= 1  # the TPU cost model's seconds, never faster than the chips' peak
 
 
 def test_plan_scale_compiles_each_optimizers_step(tmp_path):
@@ -81,3 +93,51 @@ def test_plan_scale_compiles_each_optimizers_step(tmp_path):
   p = plan_lib.plan("scale", "smoke", "cpu-8", ["optimizers=adamw,scale"])
   assert [w["name"] for w in p["workloads"]] == ["train_step.adamw", "train_step.scale", "eval_step"]
   assert all(w["fits"] and 0.65 <= w["flops_per_step"] / w["analytic_flops_per_step"] <= 1.5 for w in p["workloads"])
+
+
+def _toy_workloads(cfg, mesh):
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  x = jax.ShapeDtypeStruct((cfg.n, cfg.n), jnp.float32, sharding=NamedSharding(mesh, P()))
+  return [plan_lib.Workload("matmul", "forward", jax.jit(lambda a: a @ a), (x,), cfg.steps, 2.0 * cfg.n ** 3)]
+
+
+def test_plan_all_writes_the_scale_table_and_the_readme_takes_it(monkeypatch, tmp_path):
+  import dataclasses
+  from experiments import registry
+  from experiments.runner import readme as readme_lib
+
+  @dataclasses.dataclass(frozen=True)
+  class Cfg:
+    model: str = registry.Hub("org/toy")
+    n: int = 64
+    steps: int = 3
+
+  def broken(cfg, mesh):
+    raise ValueError("no shapes\nsecond line")
+
+  exps = {"toy_plan": registry.Experiment("toy_plan", Cfg, {p: Cfg() for p in registry.PRESETS}, lambda *a: {},
+                                          "t", paper="scale", plan=_toy_workloads),
+          "toy_none": registry.Experiment("toy_none", Cfg, {p: Cfg() for p in registry.PRESETS}, lambda *a: {},
+                                          "t", paper="gig", plan=lambda cfg, mesh: []),
+          "toy_bad": registry.Experiment("toy_bad", Cfg, {p: Cfg() for p in registry.PRESETS}, lambda *a: {},
+                                         "t", paper="btd", plan=broken)}
+  monkeypatch.setattr(registry, "experiments", lambda: exps)
+  monkeypatch.setattr(registry, "get", exps.__getitem__)
+  logged = []
+  report = plan_lib.plan_all("cpu-8", log=logged.append, cache=str(tmp_path / "kept"))
+  assert report["errors"] == {"toy_bad": "ValueError: no shapes"}
+  again = plan_lib.plan_all("cpu-8", log=logged.append, cache=str(tmp_path / "kept"))
+  assert again["plans"] == report["plans"] and sum("read back" in m for m in logged) == 2  # toy_plan, toy_none
+  kept = plan_lib.plan_all("cpu-8", log=logged.append, cache=str(tmp_path / "kept"), cached_only=True)
+  assert kept["plans"] == report["plans"] and kept["errors"]["toy_bad"].startswith("not planned yet (python -m")
+  (p,) = [p for p in report["plans"] if p["experiment"] == "toy_plan"]
+  assert p["models"] == ["org/toy"] and p["workloads"][0]["flops_per_step"] == 2.0 * 64 ** 3
+  md = open(plan_lib.write_all(report, str(tmp_path / "runs"))).read()
+  assert "| scale | toy_plan | org/toy | cpu-8 |" in md and "| gig | toy_none | - | - | - | - | - | no accelerator" in md
+  assert "| - | toy_bad | - | - | - | - | - | not planned: ValueError: no shapes |" in md
+  readme = tmp_path / "README.md"
+  readme.write_text(f"# x\n{readme_lib.SCALE_BEGIN}\nold\n{readme_lib.SCALE_END}\n")
+  assert readme_lib.update_scale(str(readme), json.loads((tmp_path / "runs" / "plan.json").read_text()))
+  text = readme.read_text()
+  assert "old" not in text and "plan --all --topology cpu-8" in text and "| scale | toy_plan | org/toy |" in text
+  assert not readme_lib.update_scale(str(readme), report)  # generated again: unchanged
