@@ -18,7 +18,7 @@ import numpy as np
 
 from experiments._shared.data import load_corpus
 from experiments._shared.recipes import byte_model, fit, optimizer
-from experiments.runner.overrides import Required
+from experiments.runner.overrides import Hub, Required
 from jaxlab import data as data_lib
 from jaxlab import hf, losses
 from jaxlab import sharding as shd
@@ -45,7 +45,8 @@ class Setup:
   model: tfm.Config = byte_model(32, 1, 2, 64)
   model_path: str | None = None
   tokenizer: str = "byte"  # "byte", a tokenizer.json file or directory; "" = the model_path directory
-  dtype: layers.DType | None = None  # cast loaded params (e.g. "bfloat16")
+  dtype: layers.DType | None = None  # a loaded checkpoint's param and compute dtype (e.g. "bfloat16")
+  remat: bool = False  # a loaded checkpoint's layers rematerialized in the backward pass
   pretrain_steps: int = 8
   pretrain_batch: int = 8
   pretrain_seq_len: int = 64
@@ -66,11 +67,13 @@ class Setup:
   seq_len: int = 96  # a cap: training rows are as long as the longest example (rounded up to 8)
   max_new_tokens: int = 16
   eval_batch: int = 64
+  plan_prompt_len: int = 256  # the prompt positions `experiments plan` assumes (a run pads to its longest prompt)
 
   def __post_init__(self):
     if not isinstance(self.ops, tuple):
       object.__setattr__(self, "ops", (self.ops,) if isinstance(self.ops, str) else tuple(self.ops))
-    for name in ("pretrain_batch", "pretrain_seq_len", "pretrain_docs", "seq_len", "max_new_tokens", "eval_batch"):
+    for name in ("pretrain_batch", "pretrain_seq_len", "pretrain_docs", "seq_len", "max_new_tokens", "eval_batch",
+                 "plan_prompt_len"):
       if getattr(self, name) < 1:
         raise ValueError(f"setup.{name} must be >= 1, found {getattr(self, name)}")
     for name in ("pretrain_steps", "train_examples", "test_examples"):
@@ -99,13 +102,22 @@ class Setup:
                                    train_examples=4000, test_examples=250), **kw)
 
   @classmethod
-  def full(cls, **kw) -> "Setup":
-    return dataclasses.replace(cls(model_path=Required("--set setup.model_path=DIR: a LLaMA checkpoint"),
-                                   tokenizer="", dtype="bfloat16", pretrain_steps=0,
-                                   train_path=Required("--set setup.train_path=MetaMathQA.jsonl"),
-                                   test_path=Required("--set setup.test_path=gsm8k_test.jsonl"),
+  def full(cls, model_path: str, **kw) -> "Setup":
+    """The paper's scale: the checkpoint `model_path` (a repo id, made a `registry.Hub`, or a directory) in bf16 with
+    rematerialized layers, MetaMathQA -> GSM8K JSONL (each a `Required` naming where the data comes from), rows of
+    512 positions."""
+    from jaxlab.hf import hub
+    model_path = Hub(model_path) if hub.is_repo_id(model_path) else model_path
+    return dataclasses.replace(cls(model_path=model_path, tokenizer="", dtype="bfloat16", remat=True,
+                                   pretrain_steps=0, train_path=Required(METAMATHQA), test_path=Required(GSM8K_TEST),
                                    train_examples=0, test_examples=0, seq_len=512, max_new_tokens=256,
                                    eval_batch=64), **kw)
+
+
+METAMATHQA = ("--set setup.train_path=FILE.jsonl: MetaMathQA, one record a line (hf download meta-math/MetaMathQA "
+              "--repo-type dataset --local-dir data/MetaMathQA; its MetaMathQA-395K.json array written as JSONL)")
+GSM8K_TEST = ("--set setup.test_path=FILE.jsonl: GSM8K test, one record a line (hf download openai/gsm8k --repo-type "
+              "dataset --local-dir data/gsm8k; its main/test-*.parquet rows written as JSONL)")
 
 
 def check_paths(setup: Setup) -> None:
@@ -180,7 +192,7 @@ class Context:
   def test_loss(self, params) -> float:
     """Teacher-forced mean NLL of the test solutions' tokens: a less noisy companion of the accuracy."""
     if self._nll is None:
-      self._nll = jax.jit(sft_loss_fn(self.model))
+      self._nll = nll_step(self.model)
     n, b = len(self.test_arrays["inputs"]), min(self.setup.eval_batch, len(self.test_arrays["inputs"]))
     total = count = 0.0
     for s in range(0, n, b):
@@ -220,10 +232,25 @@ def evaluate(params, model_cfg, tok, examples, max_new_tokens: int, batch: int,
     if n < b:
       chunk_ids = np.concatenate([chunk_ids, np.repeat(chunk_ids[:1], b - n, 0)])
       chunk_mask = np.concatenate([chunk_mask, np.repeat(chunk_mask[:1], b - n, 0)])
-    out = sampling.sample(params, model_cfg, chunk_ids, max_new_tokens, prompt_mask=chunk_mask, pad_id=pad)
+    out = greedy_step(model_cfg, max_new_tokens, pad)(params, chunk_ids, chunk_mask)
     toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
     completions += [tok.decode(toks[i, :lens[i]]) for i in range(n)]
   return answers.accuracy(completions, examples), completions
+
+
+@functools.lru_cache(maxsize=16)
+def greedy_step(model_cfg: tfm.Config, max_new_tokens: int, pad_id: int):
+  """The jitted generation `evaluate` runs on each chunk: (params, ids [b, t], mask [b, t]) -> the `SampleOutput` of
+  greedy `sampling.sample` (stopping at eos) with `max_new_tokens` new tokens."""
+  def gen(params, ids, mask):
+    return sampling.sample(params, model_cfg, ids, max_new_tokens, prompt_mask=mask, pad_id=pad_id)
+  return jax.jit(gen)
+
+
+@functools.lru_cache(maxsize=16)
+def nll_step(model_cfg: tfm.Config):
+  """The jitted `sft_loss_fn` `Context.test_loss` runs on each chunk of test rows."""
+  return jax.jit(sft_loss_fn(model_cfg))
 
 
 def load_examples(setup: Setup, seed: int) -> tuple[list, list]:
@@ -261,6 +288,7 @@ def prepare(setup: Setup, out_dir: str, writer, seed: int = 0) -> Context:
   if setup.model_path is not None:
     tok = data_lib.load_tokenizer(setup.tokenizer or setup.model_path)
     model_cfg, params = hf.load(setup.model_path, dtype=setup.dtype)
+    model_cfg = loaded_config(setup, model_cfg)
   else:
     tok = data_lib.load_tokenizer(setup.tokenizer)
     model_cfg = setup.model
@@ -313,3 +341,48 @@ def write_completions(path: str, method: str, examples, completions) -> None:
   with open(path, "a") as f:
     for e, c in zip(examples, completions):
       f.write(json.dumps({"method": method, "prompt": e.prompt, "answer": e.answer, "completion": c}) + "\n")
+
+
+# ----------------------------------------------------------------------------------------- planning
+
+def model_config(setup: Setup) -> tfm.Config:
+  """The base model's config without its weights: the checkpoint's architecture (`jaxlab.hf.hub.config`: a directory,
+  or a repo id's shipped architecture) with params in `setup.dtype`, as `prepare` loads it; else `setup.model`."""
+  if setup.model_path is None:
+    return setup.model
+  from jaxlab.hf import hub
+  return loaded_config(setup, hub.config(setup.model_path, setup.dtype))
+
+
+def loaded_config(setup: Setup, model_cfg: tfm.Config) -> tfm.Config:
+  """A loaded checkpoint's config with the setup's compute dtype and rematerialization."""
+  return model_cfg.replace(dtype=setup.dtype or model_cfg.dtype, remat=setup.remat or model_cfg.remat)
+
+
+def place_params(params, mesh, strategy: str):
+  """A transformer's `params` on `mesh` by the rules of `strategy` (as they are without a mesh)."""
+  return params if mesh is None else shd.shard_params(params, mesh, strategy, axes=tfm.AXES)
+
+
+def abstract_params(model_cfg: tfm.Config, mesh, strategy: str):
+  """ShapeDtypeStructs of `tfm.init(model_cfg)` placed as `place_params` places real ones."""
+  shapes = jax.eval_shape(functools.partial(tfm.init, model_cfg), jax.random.PRNGKey(0))
+  shardings = shd.param_shardings(shapes, mesh, strategy, axes=tfm.AXES)
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def eval_workloads(setup: Setup, model_cfg: tfm.Config, params, mesh, evaluations: int, test_examples: int) -> list:
+  """The jitted steps of `evaluations` calls of `Context.evaluate` and `Context.test_loss` on `test_examples` test
+  examples (`greedy_step` on chunks of `setup.eval_batch` prompts of `setup.plan_prompt_len` positions, `nll_step` on
+  chunks of `setup.seq_len`-position rows), with abstract `params`; returns `experiments.runner.plan.Workload`s."""
+  from experiments.runner import plan as plan_lib
+  b, t, new = min(setup.eval_batch, test_examples), setup.plan_prompt_len, setup.max_new_tokens
+  chunks = evaluations * -(-test_examples // b)
+  pad = model_cfg.pad_token_id or 0
+  prompts = plan_lib.batch(mesh, {"ids": ((b, t), "int32"), "mask": ((b, t), "int32")})
+  rows = plan_lib.batch(mesh, {k: ((b, setup.seq_len), "int32") for k in ("inputs", "targets", "loss_mask")})
+  gen_flops = tfm.flops_per_token(model_cfg, t + new) / 3 * b * (t + new)
+  nll_flops = tfm.flops_per_token(model_cfg, setup.seq_len) / 3 * b * setup.seq_len
+  return [plan_lib.Workload("generate", "generate", greedy_step(model_cfg, new, pad),
+                            (params, prompts["ids"], prompts["mask"]), chunks, gen_flops, loop_trips=new),
+          plan_lib.Workload("test_loss", "forward", nll_step(model_cfg), (params, rows, None), chunks, nll_flops)]

@@ -1,16 +1,25 @@
 """Chat models for the experiments: a registered real model (`jaxlab.models.registry`) or a .gguf / transformers
-path loaded with its tokenizer and chat template, chat-formatted prompts, and batched generation."""
+path loaded with its tokenizer and chat template, chat-formatted prompts, and batched generation; for `experiments
+plan`, a chat model's config without its weights (`model_config`), its params placed on or abstract over a mesh
+(`place`, `abstract_params`) and a generation as a planned workload (`generate_workload`)."""
 from __future__ import annotations
 
+import functools
+import math
 import os
 
+import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxlab import hf
+from jaxlab import sharding as shd
 from jaxlab.data import tokenizers
 from jaxlab.generate import sample
 from jaxlab.hf import gguf as hf_gguf
+from jaxlab.hf import hub
 from jaxlab.models import registry as models
+from jaxlab.models import transformer as tfm
 
 
 def resolve_model(spec: str) -> str:
@@ -23,8 +32,9 @@ def resolve_model(spec: str) -> str:
   return spec
 
 
-def load_chat_model(spec: str, dtype: str = "float32"):
-  """(cfg, params, tokenizer) of a chat model; the tokenizer must have a chat template and an eos token."""
+def load_chat_model(spec: str, dtype: str = "float32", compute: str | None = None):
+  """(cfg, params, tokenizer) of a chat model; the tokenizer must have a chat template and an eos token. Params
+  are cast to `dtype`; `compute` (e.g. "bfloat16") also sets the config's compute dtype (activations, KV cache)."""
   path = resolve_model(spec)
   if path.endswith(".gguf"):  # one parse of the file serves the tokenizer and the weights
     reader = hf_gguf.open_reader(path)
@@ -37,7 +47,70 @@ def load_chat_model(spec: str, dtype: str = "float32"):
   cfg, params = hf_gguf.load(path, dtype, reader) if path.endswith(".gguf") else hf.load(path, dtype=dtype)
   if cfg.vocab_size < tok.vocab_size:
     raise ValueError(f"{path}: tokenizer vocabulary ({tok.vocab_size}) exceeds the model's ({cfg.vocab_size})")
-  return cfg, params, tok
+  return (cfg.replace(dtype=compute) if compute else cfg), params, tok
+
+
+def model_config(spec: str, dtype: str = "float32", compute: str | None = None) -> tfm.Config:
+  """The config `load_chat_model(spec, dtype, compute)` gives, read without weights: a repo id's architecture
+  (downloaded, or the copy `jaxlab.hf.hub` ships), a registered real model or a path (`jaxlab.hf.hub.config`)."""
+  cfg = hub.config(spec if hub.is_repo_id(spec) else resolve_model(spec), dtype)
+  return cfg.replace(dtype=compute) if compute else cfg
+
+
+def place(params, mesh, strategy: str):
+  """`params` (a transformer's) placed on `mesh` by `strategy`'s rules; unchanged without a mesh."""
+  return params if mesh is None else shd.shard_params(params, mesh, strategy, axes=tfm.AXES)
+
+
+def abstract_params(cfg: tfm.Config, mesh, strategy: str):
+  """ShapeDtypeStructs of a transformer's params at `cfg`, with the shardings `place` gives them on `mesh`."""
+  return shd.sharded_shapes(tfm.init, mesh, strategy, cfg, jax.random.PRNGKey(0), axes=tfm.AXES)
+
+
+def _row_sharding(mesh, shape):
+  n = math.prod(mesh.shape[a] for a in shd.BATCH_AXES)
+  spec = P(shd.BATCH_AXES) if shape and shape[0] % n == 0 else P()
+  return NamedSharding(mesh, spec)
+
+
+def params_mesh(params):
+  """The mesh abstract params are sharded over."""
+  return jax.tree.leaves(params)[0].sharding.mesh
+
+
+def shard_rows(tree, mesh):
+  """Host arrays placed on `mesh` with their leading (row) dim over the batch axes, or replicated where the rows
+  do not divide over them; unchanged without a mesh."""
+  if mesh is None:
+    return tree
+  return jax.tree.map(lambda x: jax.device_put(x, _row_sharding(mesh, np.shape(x))), tree)
+
+
+def abstract_rows(shapes: dict, mesh) -> dict:
+  """name -> (shape, dtype) as the ShapeDtypeStructs `shard_rows` gives such arrays on `mesh`."""
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=_row_sharding(mesh, shape))
+          for k, (shape, dtype) in shapes.items()}
+
+
+def generate_workload(name: str, cfg: tfm.Config, params, batch: int, prompt_len: int, max_new: int, steps: int,
+                      *, temperature: float = 0.0, stop=(), pad_id: int = 0, return_logprobs: bool = False):
+  """A planned `jaxlab.generate.sample` call (`experiments.runner.plan.Workload`, kind "generate"): `batch` left-
+  padded prompts of `prompt_len` tokens (placed as `shard_rows` places them), `max_new` new tokens sampled at
+  `temperature` (greedy at 0) over `params` (abstract, sharded), called `steps` times. Its analytic FLOPs are a
+  forward's (`transformer.flops_per_token` / 3) over prompt + new tokens per row; the decode loop runs
+  `max_new - 1` times."""
+  from experiments.runner import plan as plan_lib
+
+  def gen(params, prompt_BT, mask_BT, key):
+    return sample(params, cfg, prompt_BT, max_new, temperature=temperature, key=key, prompt_mask=mask_BT,
+                  stop_tokens=stop, pad_id=pad_id, return_logprobs=return_logprobs)
+  mesh = params_mesh(params)
+  rows = abstract_rows({"rows": ((batch, prompt_len), np.int32)}, mesh)["rows"]
+  key = jax.eval_shape(functools.partial(jax.random.key, 0))
+  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, P()))
+  tokens = prompt_len + max_new
+  return plan_lib.Workload(name, "generate", jax.jit(gen), (params, rows, rows, key), steps,
+                           tfm.flops_per_token(cfg, tokens) / 3 * batch * tokens, loop_trips=max_new - 1)
 
 
 def chat_ids(tok, prompt: str, system: str | None = None, history=()) -> list[int]:

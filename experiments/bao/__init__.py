@@ -30,9 +30,9 @@ multi-turn episodes (up to 15 sampled turns each, a loss row per turn) with a 13
 cores. The agent's calculator turns "[answer] calc EXPR" into its value for every method (a, b, c, d bound to
 the test case the agent searched), so the small model answers by naming the rule it identified. Train and eval
 episodes come from disjoint rules, entities and puzzles (7 / 3 rules, 15 / 5 entities, 3 / 1 puzzles at cpu);
-the word-level model has never seen a held-out rule's, entity's or story's words. full preset: a chat policy by
-path (HF directory or GGUF, e.g. Qwen3-1.7B / 4B; the tool format in its system prompt, no pretraining), all of
-WordNet's entities, and an LM user simulator by path for telepathy and turtle (the gyms' own prompts).
+the word-level model has never seen a held-out rule's, entity's or story's words. full preset: Qwen3-4B
+(or a chat policy by path; the tool format in its system prompt, no pretraining), all of WordNet's entities,
+scripted users (an LM user simulator by path for telepathy and turtle with --set user, the gyms' own prompts).
 
 cpu run (1173 s wall on 2 shared cores at load 8-10; before the held-out split and the turn-limit fix): SFT with
 the reasoning text solves telepathy more often than the plain cold start (0.29 against 0.04) but function less
@@ -43,7 +43,9 @@ against 1.00 (0.71): the telepathy claim holds, the function claim does not. The
 different warm starts, as the paper's do.
 
   python -m experiments run bao --preset cpu
-  python -m experiments run bao --preset full --set policy=/path/to/Qwen3-1.7B --set user=/path/to/user_model
+  python -m experiments run bao --preset full   # Qwen/Qwen3-4B (hf download Qwen/Qwen3-4B), scripted users
+  python -m experiments run bao --preset full --set user=/path/to/user_model
+  python -m experiments plan bao --preset full --topology v5p-16
 
 Paper: arXiv 2602.11351. Code read beside it: SalesforceAIResearch/UserRL @ cf55a30bc379. Method, claims, presets
 and departures from the paper: experiments/bao/README.md.
@@ -58,6 +60,7 @@ from experiments.bao.agent import GYMS, Gym
 from experiments.bao.turns import Credit, Score
 from experiments.runner.claims import Claim
 from jaxlab import choices
+from jaxlab import sharding as shd
 
 
 Method = Literal["prompt_only", "sft", "grpo_userrl", "bao"]
@@ -70,8 +73,17 @@ class Config:
   path (telepathy and turtle); entities: telepathy's pool ("builtin", "wordnet": Debian's wordnet-base, required;
   "auto": WordNet where it is installed, else builtin, silently, so results differ between machines; no preset
   uses it); entity_pool: how many of them, spread evenly over the pool (0: all); max_turns: per gym in GYMS order
-  (function, telepathy, turtle); test_share: the share of each gym's items held out for evaluation."""
+  (function, telepathy, turtle); test_share: the share of each gym's items held out for evaluation. A chat policy
+  keeps float32 params and computes in `compute`, placed on the device mesh `mesh` (`jaxlab.sharding.make_mesh`;
+  None: one device) by `strategy`'s rules; remat: rematerialize each layer in the SFT and GRPO steps;
+  microbatches: each SFT batch and GRPO minibatch taken in this many parts whose gradients are summed (the same
+  update, less memory)."""
   policy: str = "word"
+  compute: str = "float32"
+  mesh: str | None = None
+  strategy: shd.Strategy = "fsdp"
+  remat: bool = False
+  microbatches: int = 1
   user: str = "scripted"
   entities: Literal["builtin", "wordnet", "auto"] = "builtin"
   entity_pool: int = 20
@@ -122,7 +134,7 @@ class Config:
       bad("max_turns", f"{len(GYMS)} positive turn limits (function, telepathy, turtle)", self.max_turns)
     for name in ("d_model", "layers", "heads", "d_ff", "max_len", "max_new_tokens", "bucket", "pretrain_episodes",
                  "pretrain_turns", "sft_episodes", "sft_steps", "batch", "prompts_per_gym", "updates_per_batch",
-                 "minibatch", "eval_episodes"):
+                 "minibatch", "eval_episodes", "microbatches"):
       if getattr(self, name) < 1:
         bad(name, ">= 1", getattr(self, name))
     for name in ("pretrain_steps", "rl_iterations", "think_budget", "entity_pool"):
@@ -149,8 +161,8 @@ PRESETS = {
                     prompts_per_gym=1, group=2, updates_per_batch=1, minibatch=16, max_turns=(4, 4, 4),
                     eval_episodes=2, think_budget=64),
     "cpu": Config(),
-    "full": Config(policy=registry.Required("--set policy=PATH: a chat model (transformers directory or .gguf)"),
-                   user="scripted", entities="wordnet", entity_pool=0, max_len=4096, max_new_tokens=512, bucket=512,
+    "full": Config(policy=registry.Hub("Qwen/Qwen3-4B"), compute="bfloat16", mesh="fsdp", remat=True,
+                   microbatches=4, user="scripted", entities="wordnet", entity_pool=0, max_len=4096, max_new_tokens=512, bucket=512,
                    pretrain_steps=0, sft_episodes=2000, sft_steps=1000, batch=32, lr=1e-5, rl_iterations=200,
                    prompts_per_gym=8, group=8, rl_lr=1e-6, think_budget=2048, eval_episodes=200),
 }

@@ -2,21 +2,26 @@
 UserRL and BAO, and evaluation."""
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from experiments import registry
 from experiments._shared import recipes
-from experiments._shared.chat_models import answer, load_chat_model
+from experiments._shared.chat_models import (abstract_rows, answer, generate_workload, load_chat_model, model_config,
+                                             place, shard_rows)
 from experiments.bao import agent, train
 from experiments.bao import function as fn_gym
 from experiments.bao import turtle as tt_gym
 from experiments.runner import splits
+from experiments.runner import plan as plan_lib
 from jaxlab import losses
+from jaxlab import sharding as shd
 from experiments.bao import telepathy as tp_gym
 from jaxlab.models import transformer as tfm
 from experiments.bao import objective as bao_lib
@@ -24,8 +29,9 @@ from jaxlab.rl import grpo as grpo_lib
 from experiments.bao import turns as turns_lib
 from jaxlab.train import metrics as metrics_lib
 from jaxlab.train import loop as loop_lib
-from jaxlab.train import rl_loop, schedules
+from jaxlab.train import schedules
 from jaxlab.train import state as state_lib
+from jaxlab.train import step as step_lib
 
 
 EVAL_SEED0, RL_SEED0 = 1_000_000, 2_000_000
@@ -103,26 +109,54 @@ def corpora(cfg, makes, pool: dict) -> dict:
   return out
 
 
-def policy_model(cfg, data):
-  """(model config, params, codec): the small word-level model (fresh) or a chat model by path."""
+def policy_model(cfg, data, mesh=None):
+  """(model config, params, codec): the small word-level model (fresh) or a chat model by path or repo id (float32
+  params computing in cfg.compute, placed on `mesh` by cfg.strategy)."""
   if cfg.policy == "word":
     codec = agent.WordCodec([m["content"] for kind in data.values() for e in kind for m in e.history])
     model = tfm.Config(vocab_size=codec.vocab_size, d_model=cfg.d_model, n_layers=cfg.layers, n_heads=cfg.heads,
                        d_ff=cfg.d_ff, max_position_embeddings=cfg.max_len, bos_token_id=agent.BOS,
                        eos_token_id=agent.EOS, pad_token_id=agent.PAD)
     return model, tfm.init(model, jax.random.PRNGKey(cfg.seed)), codec
-  model, params, tok = load_chat_model(cfg.policy)
-  return model, params, agent.ChatCodec(tok, SYSTEM)
+  model, params, tok = load_chat_model(cfg.policy, compute=cfg.compute)
+  return model, place(params, mesh, cfg.strategy), agent.ChatCodec(tok, SYSTEM)
 
 
-def fit(cfg, step, tx, params, codec, episodes, steps: int, seed: int, phase: str, writer):
-  """`steps` of next-token training on the policy's reply tokens of `episodes` with the jitted `step`."""
+def steps(cfg, model, n_gyms: int, mesh=None):
+  """(SFT step, its optimizer, GRPO step, its optimizer), jitted, over `model` (layers rematerialized with
+  cfg.remat, cfg.microbatches parts per batch, kept on `mesh`'s batch axes): one compiled SFT step for the
+  pretraining and both warm starts (each phase's optimizer state restarts the warmup-cosine schedule), one GRPO
+  step (`jaxlab.train.rl_loop.make_grpo_step`'s loss and update) for both GRPO methods."""
+  model = model.replace(remat=cfg.remat)
+  lr = schedules.warmup_cosine(cfg.lr, cfg.sft_steps, max(1, cfg.sft_steps // 20))
+  tx = recipes.optimizer(lr, "adamw", grad_clip=1.0, weight_decay=0.0)
+  step = step_lib.make_train_step(losses.sft_loss_fn(model), tx, microbatches=cfg.microbatches, mesh=mesh)
+  gcfg = grpo_lib.GRPOConfig(prompts_per_batch=cfg.prompts_per_gym * n_gyms, group_size=cfg.group,
+                             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, beta=0.0,
+                             aggregation="token_mean", updates_per_batch=cfg.updates_per_batch)
+  rtx = recipes.optimizer(cfg.rl_lr, "adamw", grad_clip=1.0, weight_decay=0.0)
+  grpo_loss = losses.grpo_loss_fn(model, beta=gcfg.beta, clip_low=gcfg.clip_low, clip_high=gcfg.clip_high,
+                                  aggregation=gcfg.aggregation, max_len=gcfg.max_new_tokens,
+                                  temperature=gcfg.temperature)
+  rstep = step_lib.make_train_step(grpo_loss, rtx, microbatches=cfg.microbatches, mesh=mesh, advance_rng=False)
+  return step_lib.jit_train_step(step), tx, step_lib.jit_train_step(rstep), rtx
+
+
+def _copy(params):
+  """A copy of `params` in the same placement (a train step donates the params it starts from)."""
+  return jax.tree.map(jnp.copy, params)
+
+
+def fit(cfg, step, tx, params, codec, episodes, steps: int, seed: int, phase: str, writer, mesh=None):
+  """`steps` of next-token training on the policy's reply tokens of `episodes` with the jitted `step` (batch rows
+  placed on `mesh`)."""
   if steps == 0:
     return params
   rows = [r for e in episodes for r in agent.sft_rows(codec, e.history)]
-  state = state_lib.init_state(lambda _: params, tx, seed)
+  state = state_lib.state_from_params(_copy(params), tx, seed)  # the step donates its state
   batches = train.lm_batches(rows, cfg.batch, cfg.max_len, seed, cfg.bucket)
-  res = loop_lib.train_loop(state, step, batches, steps, log_every=max(1, steps // 5), desc=phase)
+  res = loop_lib.train_loop(state, step, batches, steps, shard_fn=lambda b: shard_rows(b, mesh),
+                            log_every=max(1, steps // 5), desc=phase)
   for h in res.history:
     writer.write({"phase": phase, **{k: v for k, v in h.items() if isinstance(v, (int, float))}})
   return res.state.params
@@ -141,7 +175,7 @@ def evaluate(cfg, policy, params, makes, writer, method: str) -> dict:
 def grpo(cfg, step, tx, params, policy, makes, reg: bao_lib.Regularizers, writer, phase: str):
   """`rl_iterations` GRPO iterations from `params` with turn-level advantages of the `reg`-penalized rewards."""
   credit = turns_lib.TurnCredit(gamma=cfg.gamma, credit=cfg.credit, score=cfg.score)
-  state = state_lib.init_state(lambda _: params, tx, cfg.seed)
+  state = state_lib.state_from_params(_copy(params), tx, cfg.seed)  # the step donates its state
   # the same training seeds and sampling keys for every method; minibatch order drawn apart from them
   rng, order, key = np.random.default_rng([cfg.seed, 11]), np.random.default_rng([cfg.seed, 12]), \
       jax.random.PRNGKey(cfg.seed + 1)
@@ -158,7 +192,7 @@ def grpo(cfg, step, tx, params, policy, makes, reg: bao_lib.Regularizers, writer
     for _ in range(cfg.updates_per_batch):
       for batch in train.minibatches(eps, advs, cfg.minibatch, cfg.max_new_tokens, cfg.bucket,
                                      cfg.max_len - cfg.max_new_tokens, order):
-        state, m = step(state, batch)
+        state, m = step(state, shard_rows(batch, policy.mesh))
         losses_.append(float(m["loss"]))
     pen = [sum(bao_lib.penalized_rewards([t.reward for t in e.turns], [t.user for t in e.turns],
                                          [t.reward > 0 for t in e.turns], sum(len(t.reply) for t in e.turns), reg))
@@ -176,25 +210,18 @@ def run(cfg, out_dir: str, resume: bool) -> dict:
   splits.record(out_dir, "bao", split_items(pooled))
   makes, tests = env_makers(cfg, pooled["train"]), env_makers(cfg, pooled["test"])
   data = corpora(cfg, makes, pooled["train"])
-  model, params, codec = policy_model(cfg, data)
+  mesh = shd.make_mesh(cfg.mesh) if cfg.mesh else None
+  model, params, codec = policy_model(cfg, data, mesh)
   writer = metrics_lib.MetricsWriter(os.path.join(out_dir, "metrics.jsonl"))
   policy = train.Policy(model, codec, cfg.max_new_tokens, cfg.max_len - cfg.max_new_tokens,
-                        cfg.prompts_per_gym * cfg.group, cfg.bucket)
-  # one compiled step for the three phases; each phase's optimizer state restarts the warmup-cosine schedule
-  lr = schedules.warmup_cosine(cfg.lr, cfg.sft_steps, max(1, cfg.sft_steps // 20))
-  tx = recipes.optimizer(lr, "adamw", grad_clip=1.0, weight_decay=0.0)
-  step = recipes.train_step(losses.sft_loss_fn(model), tx)
-  base = fit(cfg, step, tx, params, codec, data["random"], cfg.pretrain_steps, cfg.seed, "pretrain", writer)
+                        cfg.prompts_per_gym * cfg.group, cfg.bucket, mesh)
+  step, tx, rstep, rtx = steps(cfg, model, len(makes), mesh)
+  base = fit(cfg, step, tx, params, codec, data["random"], cfg.pretrain_steps, cfg.seed, "pretrain", writer, mesh)
   need = set(cfg.methods)
-  enhanced = fit(cfg, step, tx, base, codec, data["enhanced"], cfg.sft_steps, cfg.seed + 1, "sft", writer) \
+  enhanced = fit(cfg, step, tx, base, codec, data["enhanced"], cfg.sft_steps, cfg.seed + 1, "sft", writer, mesh) \
       if need & {"sft", "bao"} else None
-  plain = fit(cfg, step, tx, base, codec, data["plain"], cfg.sft_steps, cfg.seed + 2, "sft_plain", writer) \
+  plain = fit(cfg, step, tx, base, codec, data["plain"], cfg.sft_steps, cfg.seed + 2, "sft_plain", writer, mesh) \
       if "grpo_userrl" in need else None
-  gcfg = grpo_lib.GRPOConfig(prompts_per_batch=cfg.prompts_per_gym * len(makes), group_size=cfg.group,
-                             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, beta=0.0,
-                             aggregation="token_mean", updates_per_batch=cfg.updates_per_batch)
-  rtx = recipes.optimizer(cfg.rl_lr, "adamw", grad_clip=1.0, weight_decay=0.0)
-  rstep = rl_loop.jit_grpo_step(rl_loop.make_grpo_step(model, gcfg, rtx))
   res: dict = {}
   if "prompt_only" in need:
     res.update(evaluate(cfg, policy, base, tests, writer, "prompt_only"))
@@ -216,3 +243,56 @@ def run(cfg, out_dir: str, resume: bool) -> dict:
                          {m: ([r["iteration"] for r in c], [r[key] for r in c]) for m, c in curves.items()},
                          xlabel="GRPO iteration", ylabel=label, title=f"bao: {label} of sampled episodes")
   return res
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+def call_counts(cfg) -> dict:
+  """Upper bounds on how many times a run calls each compiled program (every episode running to its gym's turn
+  limit): "rollout" (sampled turns of the GRPO iterations, one batch of prompts_per_gym x group episodes per gym
+  and turn), "eval" (greedy turns of the evaluations: prompt_only, sft, sft_plain and grpo_userrl, bao; batches
+  of prompts_per_gym x group of the eval_episodes), "grpo" (minibatches of every turn of every episode) and
+  "sft" (pretraining and the two warm starts)."""
+  need = set(cfg.methods)
+  rl = len(need & {"grpo_userrl", "bao"})
+  turns = sum(t for g, t in zip(agent.GYMS, cfg.max_turns) if g in cfg.gyms)
+  batch = cfg.prompts_per_gym * cfg.group
+  evals = len(need & {"prompt_only", "sft", "bao"}) + 2 * ("grpo_userrl" in need)
+  sft = cfg.pretrain_steps + cfg.sft_steps * (bool(need & {"sft", "bao"}) + ("grpo_userrl" in need))
+  return {"rollout": rl * cfg.rl_iterations * turns, "eval": evals * turns * -(-cfg.eval_episodes // batch),
+          "grpo": rl * cfg.rl_iterations * cfg.updates_per_batch * -(-batch * turns // cfg.minibatch), "sft": sft}
+
+
+def workloads(cfg, mesh) -> list[plan_lib.Workload]:
+  """What a run computes at `cfg`, for `experiments plan`: the SFT step (batch x max_len rows), the sampled rollout
+  turns and the greedy evaluation turns (`train.Policy.act`: prompts_per_gym x group prompts of the longest bucket,
+  max_len - max_new_tokens tokens, max_new_tokens new) and the GRPO step (minibatch turns of that prompt and reply),
+  built by `steps` over the policy's params and AdamW state, abstract and sharded by cfg.strategy over `mesh`;
+  rows as `shard_rows` places them. Counts are `call_counts`' upper bounds. Only a chat policy can be planned: the
+  word-level policy's vocabulary is built from the episodes at run time."""
+  if cfg.policy == "word":
+    raise ValueError("bao: only a chat policy can be planned (the word-level policy's vocabulary is built from the "
+                     "episodes at run time); --set policy=ORG/NAME or PATH")
+  model = model_config(cfg.policy, "float32", cfg.compute)
+  step, tx, rstep, rtx = steps(cfg, model, len(cfg.gyms), mesh)
+  counts, batch = call_counts(cfg), cfg.prompts_per_gym * cfg.group
+  prompt = cfg.max_len - cfg.max_new_tokens
+  fwd = tfm.flops_per_token(model, cfg.max_len) / 3 * cfg.max_len  # one row's forward
+  init = functools.partial(tfm.init, model)
+  sft_state = state_lib.abstract_state(init, tx, mesh, cfg.strategy, axes=tfm.AXES)
+  rl_state = state_lib.abstract_state(init, rtx, mesh, cfg.strategy, axes=tfm.AXES)
+  i32 = np.int32
+  sft_batch = abstract_rows({k: ((cfg.batch, cfg.max_len), i32) for k in ("inputs", "targets", "loss_mask")}, mesh)
+  grpo_batch = abstract_rows({"prompt": ((cfg.minibatch, prompt), i32), "prompt_mask": ((cfg.minibatch, prompt), i32),
+                              "tokens": ((cfg.minibatch, cfg.max_new_tokens), i32),
+                              "completion_mask": ((cfg.minibatch, cfg.max_new_tokens), i32),
+                              "old_logp": ((cfg.minibatch, cfg.max_new_tokens), np.float32),
+                              "advantages": ((cfg.minibatch,), np.float32)}, mesh)
+  stop = (model.eos_token_id,) if isinstance(model.eos_token_id, int) else tuple(model.eos_token_id or ())
+  gen = functools.partial(generate_workload, cfg=model, params=rl_state.params, batch=batch, prompt_len=prompt,
+                          max_new=cfg.max_new_tokens, stop=stop, pad_id=agent.PAD)
+  return [plan_lib.Workload("sft_step", "train", step, (sft_state, sft_batch), counts["sft"], 3 * cfg.batch * fwd),
+          gen("rollout", steps=counts["rollout"], temperature=cfg.temperature, return_logprobs=True),
+          plan_lib.Workload("grpo_step", "train", rstep, (rl_state, grpo_batch), counts["grpo"],
+                            3 * cfg.minibatch * fwd),
+          gen("eval_generate", steps=counts["eval"])]

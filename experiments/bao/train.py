@@ -19,6 +19,7 @@ from typing import NamedTuple, Sequence
 import jax
 import numpy as np
 
+from experiments._shared.chat_models import shard_rows
 from experiments.bao import agent
 from jaxlab.envs import base as envs
 from jaxlab.generate import sample
@@ -71,11 +72,13 @@ def left_pad(rows: Sequence[Sequence[int]], width: int, pad: int = 0) -> tuple[n
 
 class Policy:
   """A token policy over a codec: `act` samples (or greedily decodes) one reply per history, batched to a fixed
-  width and prompts bucketed, so the compiled sampler is reused across rounds and iterations."""
+  width and prompts bucketed, so the compiled sampler is reused across rounds and iterations; with `mesh`, the
+  prompts' rows are placed over its batch axes (`shard_rows`)."""
 
-  def __init__(self, model_cfg, codec, max_new_tokens: int, max_prompt: int, batch: int, bucket: int = 64):
+  def __init__(self, model_cfg, codec, max_new_tokens: int, max_prompt: int, batch: int, bucket: int = 64,
+               mesh=None):
     self.cfg, self.codec, self.max_new, self.max_prompt = model_cfg, codec, max_new_tokens, max_prompt
-    self.batch, self.bucket = batch, bucket
+    self.batch, self.bucket, self.mesh = batch, bucket, mesh
 
   def act(self, params, histories, key=None, temperature: float = 0.0):
     """(texts, reply token lists, reply log-prob lists, prompt token lists), one per history."""
@@ -84,7 +87,7 @@ class Policy:
     for i in range(0, len(prompts), self.batch):
       chunk = prompts[i:i + self.batch]
       width = min(_bucket(max(len(p) for p in chunk), self.bucket), self.max_prompt)
-      toks, mask = left_pad(chunk + [[agent.PAD]] * (self.batch - len(chunk)), width)
+      toks, mask = shard_rows(left_pad(chunk + [[agent.PAD]] * (self.batch - len(chunk)), width), self.mesh)
       k = None if key is None else jax.random.fold_in(key, i)
       out = sample(params, self.cfg, toks, self.max_new, temperature=temperature, key=k, prompt_mask=mask,
                    stop_tokens=(self.codec.eos,), pad_id=0, return_logprobs=True)

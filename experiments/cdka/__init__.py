@@ -12,13 +12,16 @@ rates are per method. Alignment: for every targeted matrix the full fine-tuning 
 best member of each structure at the same budget (truncated SVD for LoRA, i.e. r1 = r2 = 1; `kron.nearest_kron` for
 (r, r1, r2)); the relative Frobenius error, averaged over matrices, says how much of the full update each structure
 can express. The trained adapters' cosine with the full update is reported too.
-full: a LLaMA checkpoint by path (`jaxlab.hf.load`), MetaMathQA (or commonsense_170k) JSONL for training and
+full: LLaMA-2-7B (meta-llama/Llama-2-7b-hf, fetched with `hf download`; another checkpoint with --set
+setup.model_path=DIR) in bf16 with rematerialized layers, MetaMathQA (or commonsense_170k) JSONL for training and
 GSM8K (or a commonsense test set) JSONL for testing, the paper's official setting (all linears, r1 = r2 = 2, r = 8)
 and the reference's recipe (`data="metamath_gsm"`: its GSM-derived first 100k records and "Q: ...\nA: " prompt; any
 other file with --set data=file).
 
   python -m experiments run cdka --preset cpu
-  python -m experiments run cdka --preset full --set setup.model_path=/ckpt/Llama-2-7b-hf \\
+  hf download meta-llama/Llama-2-7b-hf --local-dir models/meta-llama/Llama-2-7b-hf
+  python -m experiments plan cdka --preset full --topology v5p-16
+  python -m experiments run cdka --preset full \\
       --set setup.train_path=/data/MetaMathQA-395K.jsonl --set setup.test_path=/data/gsm8k/test.jsonl
 
 results.json: accuracy.<m>, trainable_params.<m>, test_loss.<m>, final_loss.<m> for m in full, lora, cdka
@@ -124,7 +127,7 @@ PRESETS = {
     "cpu": Config(setup=common.Setup.cpu(), methods=METHODS, steps=100, batch_size=32, lr_full=1e-3,
                   lr_lora=1e-2, lr_cdka=1e-2, warmup_steps=10, lora_rank=4, log_every=10),
     # one epoch of the reference's 100k records at batch 32 (3,125 steps), warmup 3% (ceil: 94), cosine to 0
-    "full": Config(setup=common.Setup.full(max_new_tokens=512), steps=3125, batch_size=32, lr_full=2e-5,
+    "full": Config(setup=common.Setup.full("meta-llama/Llama-2-7b-hf", max_new_tokens=512), steps=3125, batch_size=32, lr_full=2e-5,
                    lr_lora=2e-4, lr_cdka=2e-4, warmup_steps=94, lr_floor=0.0, weight_decay=5e-4, lora_rank=8,
                    lora_alpha=64.0, lora_rslora=True, cdka_r=8, cdka_r1=2, cdka_r2=2, cdka_alpha=64.0,
                    data="metamath_gsm", analysis_max_matrices=14, log_every=20, mesh="fsdp:-1", strategy="fsdp"),

@@ -11,12 +11,15 @@ import numpy as np
 
 from experiments._shared import adapters as common
 from experiments import registry
-from experiments._shared.recipes import fit, optimizer
+from experiments._shared import recipes
+from experiments._shared.recipes import optimizer
 from experiments.runner import splits
 from jaxlab.adapters import kron, lora
 from jaxlab.data import corpus as corpus_lib
 from jaxlab.data.tasks import arithmetic
+from jaxlab import sharding as shd
 from jaxlab.models import transformer as tfm
+from jaxlab.train import loop as loop_lib
 from jaxlab.train import schedules
 from jaxlab.train import state as state_lib
 from experiments.cdka import Config
@@ -113,33 +116,49 @@ def _masked_adapter_loss(merge_fn, sft_loss):
   return loss_fn
 
 
+def method_parts(cfg: Config, model_cfg: tfm.Config, lr: float, adapter_mod, adapter_cfg, params):
+  """What one method's fine-tuning trains with: (schedule, optimizer, loss_fn, the params' axis rules, merge).
+
+  Args:
+    params: the trained tree (arrays or ShapeDtypeStructs): the model's params (adapter_mod None: every param is
+      trained), else {"base": ..., "adapter": ...} with only the adapter trained.
+  """
+  schedule = schedules.get("cosine", lr, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
+  inner = optimizer(schedule, "adamw", cfg.grad_clip, weight_decay=cfg.weight_decay)
+  sft_loss = common.sft_loss_fn(model_cfg)
+  if adapter_mod is None:
+    return schedule, inner, sft_loss, tfm.AXES, None
+
+  def merge(b, a):
+    return adapter_mod.merge(b, a, adapter_cfg)
+  tx = lora.masked(inner, params, (r"^adapter/",))
+  return schedule, tx, _masked_adapter_loss(merge, sft_loss), adapter_mod.axis_rules(tfm.AXES), merge
+
+
+def train_step(cfg: Config, parts, state, mesh):
+  """The jitted train step of a method (`method_parts`), sharded like `state` (real or abstract) on `mesh`."""
+  schedule, tx, loss_fn, rules, _ = parts
+  return recipes.train_step(loss_fn, tx, state, mesh, cfg.strategy, axes=rules, schedule=schedule)
+
+
 def finetune(cfg: Config, ctx: common.Context, lr: float, adapter_mod, adapter_cfg, key, writer, name: str):
   """Fine-tunes the base (adapter_mod None: every param) for cfg.steps AdamW steps.
 
   Returns:
     (effective params, trainable param count, loss history).
   """
-  schedule = schedules.get("cosine", lr, cfg.steps, cfg.warmup_steps, cfg.lr_floor)
-  inner = optimizer(schedule, "adamw", cfg.grad_clip, weight_decay=cfg.weight_decay)
   base = jax.tree.map(lambda x: x.copy(), ctx.params)  # the train step donates its state
-  sft_loss = common.sft_loss_fn(ctx.model)
-  rules = tfm.AXES if adapter_mod is None else adapter_mod.axis_rules(tfm.AXES)
-  if adapter_mod is None:
-    params, tx, loss_fn, trainable = base, inner, sft_loss, tfm.num_params(base)
-  else:
-    def merge(b, a):
-      return adapter_mod.merge(b, a, adapter_cfg)
-    adapter = adapter_mod.init(adapter_cfg, base, key)
-    params = {"base": base, "adapter": adapter}
-    tx = lora.masked(inner, params, (r"^adapter/",))
-    loss_fn, trainable = _masked_adapter_loss(merge, sft_loss), tfm.num_params(adapter)
+  params = base if adapter_mod is None else {"base": base, "adapter": adapter_mod.init(adapter_cfg, base, key)}
+  parts = method_parts(cfg, ctx.model, lr, adapter_mod, adapter_cfg, params)
+  _, tx, _, rules, merge = parts
+  trainable = tfm.num_params(params if adapter_mod is None else params["adapter"])
   mesh = common.mesh_of(cfg.mesh)
-  state = state_lib.TrainState(params, tx.init(params), np.zeros((), np.int32), jax.random.PRNGKey(cfg.seed))
   if mesh is not None:
-    state = state_lib.place(state, mesh, cfg.strategy, axes=rules)
+    params = shd.shard_params(params, mesh, cfg.strategy, axes=rules)
+  state = state_lib.state_from_params(params, tx, cfg.seed, mesh, cfg.strategy, axes=rules)
   batches = common.sft_batches(ctx.train_arrays, cfg.batch_size, cfg.seed + 1)
-  res, _ = fit(state, loss_fn, tx, batches, cfg.steps, mesh=mesh, strategy=cfg.strategy, axes=rules, schedule=schedule,
-               shard_fn=common.shard_fn(mesh), log_every=cfg.log_every, desc=f"cdka:{name}")
+  res = loop_lib.train_loop(state, train_step(cfg, parts, state, mesh), batches, cfg.steps,
+                            shard_fn=common.shard_fn(mesh), log_every=cfg.log_every, desc=f"cdka:{name}")
   for r in res.history:
     writer.write({"phase": "finetune", "method": name, **r})
   out = res.state.params
@@ -213,20 +232,57 @@ def _cdka_configs(cfg: Config, shapes: dict) -> dict:
   return out
 
 
+def method_specs(cfg: Config, shapes: dict) -> tuple[dict, dict]:
+  """({method: (adapter module or None for full fine-tuning, its config, learning rate)}, the CDKA configs) for the
+  targets' `shapes`."""
+  lcfg = lora.Config(rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.targets, rslora=cfg.lora_rslora)
+  kconfigs = _cdka_configs(cfg, shapes) if any(m.startswith("cdka") for m in cfg.methods) else {}
+  specs = {"full": (None, None, cfg.lr_full), "lora": (lora, lcfg, cfg.lr_lora)}
+  for m, c in kconfigs.items():
+    specs[m] = (kron, kron.Config(r=c["r"], r1=c["r1"], r2=c["r2"], alpha=cfg.cdka_alpha, targets=cfg.targets),
+                cfg.lr_cdka)
+  return specs, kconfigs
+
+
+PLAN_TEST_EXAMPLES = 1319  # GSM8K's test split, which the full preset evaluates whole (setup.test_examples 0)
+
+
+def workloads(cfg: Config, mesh) -> list:
+  """Each method's train step and the steps of every evaluation (the base's and each method's greedy generation and
+  test loss), at the preset's shapes with abstract arguments (`experiments plan`); the alignment analysis runs in
+  NumPy on the host. Rows hold setup.seq_len positions (the longest kept training record nears it)."""
+  from experiments.runner import plan as plan_lib
+  model_cfg = common.model_config(cfg.setup)
+  base = common.abstract_params(model_cfg, mesh, cfg.strategy)
+  specs, _ = method_specs(cfg, lora.target_paths(base, cfg.targets))
+  seq = cfg.setup.seq_len
+  batch = plan_lib.batch(mesh, {k: ((cfg.batch_size, seq), "int32") for k in ("inputs", "targets", "loss_mask")})
+  flops = tfm.flops_per_token(model_cfg, seq) * cfg.batch_size * seq
+  out = []
+  for method in cfg.methods:
+    mod, acfg, lr = specs[method]
+
+    def init(key, mod=mod, acfg=acfg):
+      b = tfm.init(model_cfg, key)
+      return b if mod is None else {"base": b, "adapter": mod.init(acfg, b, key)}
+    parts = method_parts(cfg, model_cfg, lr, mod, acfg, jax.eval_shape(init, jax.random.PRNGKey(0)))
+    state = state_lib.abstract_state(init, parts[1], mesh, cfg.strategy, axes=parts[3])
+    out.append(plan_lib.Workload(f"train_step.{method}", "train", train_step(cfg, parts, state, mesh), (state, batch),
+                                 cfg.steps, flops))
+  tests = cfg.setup.test_examples if cfg.setup.train_path is None or cfg.setup.test_examples else PLAN_TEST_EXAMPLES
+  return out + common.eval_workloads(cfg.setup, model_cfg, base, mesh, 1 + len(cfg.methods), tests)
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # a finished run is cheap to repeat; nothing is checkpointed mid-way
   common.check_paths(cfg.setup)
   writer = common.Writer(os.path.join(out_dir, "metrics.jsonl"))
   ctx = (reference_context(cfg, out_dir, writer) if cfg.data == "metamath_gsm" else
          common.prepare(cfg.setup, out_dir, writer, cfg.seed))
+  ctx = dataclasses.replace(ctx, params=common.place_params(ctx.params, common.mesh_of(cfg.mesh), cfg.strategy))
   splits.record(out_dir, "cdka", split_items(ctx.train, ctx.test))
   shapes = lora.target_paths(ctx.params, cfg.targets)
-  lcfg = lora.Config(rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=cfg.targets, rslora=cfg.lora_rslora)
-  kconfigs = _cdka_configs(cfg, shapes) if any(m.startswith("cdka") for m in cfg.methods) else {}
-  adapters = {"full": (None, None, cfg.lr_full), "lora": (lora, lcfg, cfg.lr_lora)}
-  for m, c in kconfigs.items():
-    adapters[m] = (kron, kron.Config(r=c["r"], r1=c["r1"], r2=c["r2"], alpha=cfg.cdka_alpha, targets=cfg.targets),
-                   cfg.lr_cdka)
+  adapters, kconfigs = method_specs(cfg, shapes)
   results: dict = {"accuracy": {}, "trainable_params": {}, "final_loss": {}, "test_loss": {}}
   results["accuracy"]["base"] = ctx.evaluate(ctx.params)[0]
   results["test_loss"]["base"] = ctx.test_loss(ctx.params)

@@ -45,13 +45,15 @@ cpu preset: SmolLM2-135M-Instruct on reasoning-gym chain_sum (sums and differenc
 as "State the final answer to the following arithmetic problem: 4 - 1 =", which the model answers directly more
 often than basic_arithmetic's "Calculate 4 - 1."), short budgets. smoke: the same model on one prompt per N and
 two training questions with 4 new tokens per question, all generation in one compiled shape (at that budget no
-trace is usually kept, so the fine-tune is exercised by the tests on a tiny model). full: any GGUF /
-transformers chat model and MATH500 / AIME / GSM8K JSONL files by path, ~8k training questions (the paper: -59%
+trace is usually kept, so the fine-tune is exercised by the tests on a tiny model). full: Qwen3-4B
+(Qwen/Qwen3-4B, fetched with `hf download`; any other GGUF / transformers chat model with --set model=PATH) in bf16,
+FSDP-sharded, and MATH500 / AIME / GSM8K JSONL files by path, ~8k training questions (the paper: -59%
 tokens on MATH500, -33% on AIME25).
 
   python -m experiments run conpress --preset smoke
   python -m experiments run conpress --preset cpu
-  python -m experiments run conpress --preset full --set model=/path/model.gguf \\
+  hf download Qwen/Qwen3-4B --local-dir models/Qwen/Qwen3-4B
+  python -m experiments run conpress --preset full \\
       --set task=jsonl:/data/math500.jsonl --set train_task=jsonl:/data/gsm8k_train.jsonl
 
 Paper: arXiv 2602.01472. Code read beside it: none public. Method, claims, presets and departures from the paper:
@@ -64,6 +66,8 @@ import dataclasses
 from experiments import registry
 from experiments.conpress.parsing import Parsed, parse_packed, sft_completion  # noqa: F401  (public here too)
 from experiments.runner.claims import Claim
+from jaxlab import sharding as shd
+from jaxlab.nn import layers
 
 
 NS = (1, 2, 4, 8)
@@ -96,6 +100,10 @@ class Config:
   steps: int = 16
   batch_size: int = 4
   lr: float = 1e-3
+  dtype: layers.DType = "float32"  # the model's param and compute dtype
+  remat: bool = False  # layers rematerialized in the fine-tune's backward pass
+  mesh: str | None = None  # params sharded over it by `strategy` (generation and the fine-tune)
+  strategy: shd.Strategy = "dp"
   seed: int = 0
 
   def __post_init__(self):
@@ -123,6 +131,11 @@ class Config:
       raise ValueError(f"terms and digits are (min, max) pairs, found {self.terms} and {self.digits}")
 
 
+MATH500 = ("--set task=jsonl:FILE: MATH500 (hf download HuggingFaceH4/MATH-500 --repo-type dataset --local-dir "
+           "data/MATH-500; its test.jsonl), or AIME / GSM8K test rows")
+TRAIN_QUESTIONS = ("--set train_task=jsonl:FILE: training questions with answers, e.g. GSM8K train (hf download "
+                   "openai/gsm8k --repo-type dataset --local-dir data/gsm8k; its main/train-*.parquet rows as JSONL)")
+
 PRESETS = {
     # one prompt per N (the first N held-out questions), 2 training questions; one compiled generation shape
     "smoke": Config(test_questions=8, prompts_per_n=1, train_questions=2, train_n=2, max_new_tokens=4,
@@ -130,9 +143,9 @@ PRESETS = {
     # 120 held-out prompts (64 questions at N = 1, 2, 4, 8), 48 training questions alone and in 12 packs of 4,
     # 16 LoRA steps of 4 rows, 64 single-question prompts after: ~11 minutes on 2 idle cores
     "cpu": Config(),
-    "full": Config(model=registry.Required("--set model=PATH: a .gguf file or transformers directory"),
-                   task=registry.Required("--set task=jsonl:/path/test.jsonl: MATH500, AIME or GSM8K rows"),
-                   train_task=registry.Required("--set train_task=jsonl:/path/train.jsonl"),
+    "full": Config(model=registry.Hub("Qwen/Qwen3-4B"), task=registry.Required(MATH500),
+                   train_task=registry.Required(TRAIN_QUESTIONS), dtype="bfloat16", remat=True, mesh="fsdp:-1",
+                   strategy="fsdp",
                    test_questions=496, train_questions=8000, packings=2, max_new_tokens=512, gen_batch=64,
                    lora_rank=16, lora_alpha=32.0, steps=2000, batch_size=16, lr=2e-4),
 }

@@ -2,6 +2,7 @@
 `experiments/conpress/__init__.py`, the paper and its departures in `experiments/conpress/README.md`)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -13,15 +14,18 @@ import optax
 from experiments import registry
 from experiments._shared.adapters import sft_batches
 from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
-from experiments._shared.recipes import fit
+from experiments._shared import recipes
 from experiments.conpress.parsing import Parsed, parse_packed, sft_completion  # noqa: F401  (public here too)
 from experiments.conpress.parsing import equivalent
 from experiments.runner import splits
 from jaxlab import losses
+from jaxlab import sharding as shd
 from jaxlab.adapters import lora
 from jaxlab.data.tasks import arithmetic
 from jaxlab.generate import sample
+from jaxlab.models import transformer as tfm
 from jaxlab.rl.dpo import sft_batch
+from jaxlab.train import loop as loop_lib
 from jaxlab.train import state as state_lib
 from experiments.conpress import Config, HEAD
 
@@ -120,17 +124,35 @@ def generate(params, mcfg, tok, prompts: list[list[int]], budgets: list[int], ge
       if one_shape:
         b, (t, m) = gen_batch, one_shape
       else:
-        b = gen_batch if len(idx) > gen_batch else -(-len(chunk) // 4) * 4
+        b = chunk_rows(len(idx), len(chunk), gen_batch)
         t, m = -(-max(len(prompts[i]) for i in chunk) // 64) * 64, budgets[chunk[0]]
       ids, mask = np.full((b, t), pad, np.int32), np.zeros((b, t), np.int32)
       for r, i in enumerate(chunk + [chunk[0]] * (b - len(chunk))):
         ids[r, t - len(prompts[i]):], mask[r, t - len(prompts[i]):] = prompts[i], 1
-      out = sample(params, mcfg, ids, m, prompt_mask=mask, stop_tokens=stops, pad_id=pad, max_length=cap)
+      if one_shape:
+        out = sample(params, mcfg, ids, m, prompt_mask=mask, stop_tokens=stops, pad_id=pad, max_length=cap)
+      else:  # rows of one budget: the cap stops none of them before `m` new tokens
+        out = generate_step(mcfg, m, stops, pad)(params, ids, mask)
       toks, comp = np.asarray(out.tokens), np.asarray(out.completion_mask)
       for r, i in enumerate(chunk):
         counts[i] = min(int(comp[r].sum()), budgets[i])
         texts[i] = tok.decode(toks[r, :counts[i]]).strip()
   return texts, counts
+
+
+def chunk_rows(group: int, chunk: int, gen_batch: int) -> int:
+  """The rows of a generation chunk of `chunk` prompts from a budget group of `group`: gen_batch, or for a group
+  that fits one chunk its prompts rounded up to a multiple of 4."""
+  return gen_batch if group > gen_batch else -(-chunk // 4) * 4
+
+
+@functools.lru_cache(maxsize=32)
+def generate_step(mcfg, max_new: int, stops: tuple[int, ...], pad: int):
+  """The jitted greedy generation of one chunk: (params, ids [b, t], mask [b, t]) -> the `SampleOutput` of `sample`
+  with `max_new` new tokens, a row ending at any of `stops`."""
+  def gen(params, ids, mask):
+    return sample(params, mcfg, ids, max_new, prompt_mask=mask, stop_tokens=stops, pad_id=pad)
+  return jax.jit(gen)
 
 
 def build_sft(rows: list[dict], max_ratio: float = 1.0) -> list[dict]:
@@ -155,22 +177,45 @@ def build_sft(rows: list[dict], max_ratio: float = 1.0) -> list[dict]:
   return out
 
 
-def finetune(mcfg, params, arrays: dict, cfg: Config):
-  """LoRA (q, k, v, o) on the completion-only SFT loss for cfg.steps Adam steps (`jaxlab.train` loop); returns
-  (merged params, loss history)."""
-  lcfg = lora.Config(rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=("q", "k", "v", "o"))
-  base = jax.tree.map(lambda x: x.copy(), params)  # the train step donates its state
-  tree = {"base": base, "adapter": lora.init(lcfg, base, jax.random.PRNGKey(cfg.seed + 5))}
+def sft_parts(mcfg, cfg: Config, tree):
+  """What the fine-tune trains with: (LoRA config, optimizer, loss_fn, the tree's axis rules) for the tree
+  {"base": params, "adapter": LoRA} (arrays or ShapeDtypeStructs)."""
+  lcfg = lora_config(cfg)
   tx = lora.masked(optax.adam(cfg.lr), tree, (r"^adapter/",))
   sft_loss = losses.sft_loss_fn(mcfg)
 
   def loss_fn(p, batch, rng):
     return sft_loss(lora.merge(jax.lax.stop_gradient(p["base"]), p["adapter"], lcfg), batch, rng)
+  return lcfg, tx, loss_fn, lora.axis_rules(tfm.AXES)
 
-  state = state_lib.TrainState(tree, tx.init(tree), np.zeros((), np.int32), jax.random.PRNGKey(cfg.seed))
+
+def sft_step(cfg: Config, parts, state, mesh):
+  """The fine-tune's jitted train step (`sft_parts`), sharded like `state` (real or abstract) on `mesh`."""
+  _, tx, loss_fn, rules = parts
+  return recipes.train_step(loss_fn, tx, state, mesh, cfg.strategy, axes=rules)
+
+
+def lora_config(cfg: Config) -> lora.Config:
+  return lora.Config(rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=("q", "k", "v", "o"))
+
+
+def finetune(mcfg, params, arrays: dict, cfg: Config):
+  """LoRA (q, k, v, o) on the completion-only SFT loss for cfg.steps Adam steps (`jaxlab.train` loop); returns
+  (merged params, loss history)."""
+  base = jax.tree.map(lambda x: x.copy(), params)  # the train step donates its state
+  tree = {"base": base, "adapter": lora.init(lora_config(cfg), base, jax.random.PRNGKey(cfg.seed + 5))}
+  parts = sft_parts(mcfg, cfg, tree)
+  lcfg, tx, _, rules = parts
+  mesh = shd.make_mesh(cfg.mesh) if cfg.mesh else None
+  if mesh is None:
+    state = state_lib.TrainState(tree, tx.init(tree), np.zeros((), np.int32), jax.random.PRNGKey(cfg.seed))
+  else:
+    tree = shd.shard_params(tree, mesh, cfg.strategy, axes=rules)
+    state = state_lib.state_from_params(tree, tx, cfg.seed, mesh, cfg.strategy, axes=rules)
   bs = min(cfg.batch_size, len(arrays["inputs"]))
-  res, _ = fit(state, loss_fn, tx, sft_batches(arrays, bs, cfg.seed + 1), cfg.steps, log_every=1,
-               desc="conpress:sft")
+  res = loop_lib.train_loop(state, sft_step(cfg, parts, state, mesh), sft_batches(arrays, bs, cfg.seed + 1),
+                            cfg.steps, shard_fn=None if mesh is None else functools.partial(shd.shard_batch, mesh=mesh),
+                            log_every=1, desc="conpress:sft")
   out = res.state.params
   return lora.merge(out["base"], out["adapter"], lcfg), res.history
 
@@ -210,11 +255,75 @@ def tasks(cfg: Config) -> tuple[Task, Task]:
                          exclude={splits.canonical(e["question"]) for e in test_task.entries})
 
 
+PLAN_HEAD_TOKENS = 64  # a prompt's chat template and instruction, as `experiments plan` assumes them
+PLAN_QUESTION_TOKENS = 128  # a question's tokens in a planned prompt (MATH500's run from tens to a few hundred)
+
+
+def model_config(cfg: Config):
+  """The chat model's config without its weights, as `run` loads it (`jaxlab.hf.hub.config`)."""
+  from jaxlab.hf import hub
+  from experiments._shared.chat_models import resolve_model
+  spec = cfg.model if hub.is_repo_id(cfg.model) else resolve_model(cfg.model)
+  return hub.config(spec, cfg.dtype).replace(dtype=cfg.dtype, remat=cfg.remat)
+
+
+def workloads(cfg: Config, mesh) -> list:
+  """The greedy generation of every budget group (`generate`: prompts of N questions with N x max_new_tokens new
+  tokens; the single-question group also after the fine-tune) and the fine-tune's train step, at the preset's
+  shapes with abstract arguments (`experiments plan`). Prompt lengths are data: a prompt of N questions is taken as
+  PLAN_HEAD_TOKENS + N x PLAN_QUESTION_TOKENS positions (rounded up to 64 as `generate` pads)."""
+  from experiments._shared import adapters
+  from experiments.runner import plan as plan_lib
+  mcfg = model_config(cfg)
+  params = adapters.abstract_params(mcfg, mesh, cfg.strategy)
+  eos = mcfg.eos_token_id
+  stops = tuple(sorted({eos} if isinstance(eos, int) else set(eos or ())))
+  pad, m = mcfg.pad_token_id or 0, cfg.max_new_tokens
+
+  def batch(shapes):  # without cfg.mesh the run shards nothing: every argument whole on its device
+    if cfg.mesh:
+      return plan_lib.batch(mesh, shapes)
+    rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return {k: jax.ShapeDtypeStruct(s, d, sharding=rep) for k, (s, d) in shapes.items()}
+
+  def prompt_len(n):
+    return -(-(PLAN_HEAD_TOKENS + n * PLAN_QUESTION_TOKENS) // 64) * 64
+  groups = {n: -(-(min(cfg.test_questions, cfg.prompts_per_n * n) if cfg.prompts_per_n else cfg.test_questions) // n)
+            for n in cfg.ns}
+  groups[1] += cfg.train_questions
+  groups[cfg.train_n] += cfg.packings * (cfg.train_questions // cfg.train_n)
+  out = []
+  for n, count in groups.items():
+    b, t, new = chunk_rows(count, min(count, cfg.gen_batch), cfg.gen_batch), prompt_len(n), n * m
+    chunks = -(-count // cfg.gen_batch)
+    if n == 1:  # the held-out single questions again after the fine-tune
+      chunks += -(-(groups[1] - cfg.train_questions) // cfg.gen_batch)
+    ids = batch({"ids": ((b, t), "int32"), "mask": ((b, t), "int32")})
+    flops = tfm.flops_per_token(mcfg, t + new) / 3 * b * (t + new)
+    out.append(plan_lib.Workload(f"generate.n{n}", "generate", generate_step(mcfg, new, stops, pad),
+                                 (params, ids["ids"], ids["mask"]), chunks, flops, loop_trips=new))
+  lcfg = lora_config(cfg)
+
+  def init(key):
+    base = tfm.init(mcfg, key)
+    return {"base": base, "adapter": lora.init(lcfg, base, key)}
+  parts = sft_parts(mcfg, cfg, jax.eval_shape(init, jax.random.PRNGKey(0)))
+  state = state_lib.abstract_state(init, parts[1], mesh, cfg.strategy, axes=parts[3])
+  length = -(-(PLAN_HEAD_TOKENS + PLAN_QUESTION_TOKENS + m + 1) // 32) * 32
+  rows = batch({k: ((cfg.batch_size, length), "int32") for k in ("inputs", "targets", "loss_mask")})
+  out.append(plan_lib.Workload("sft_step", "train", sft_step(cfg, parts, state, mesh if cfg.mesh else None), (state, rows), cfg.steps,
+                               tfm.flops_per_token(mcfg, length) * cfg.batch_size * length))
+  return out
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # minutes of work at the cpu preset; recomputed
   t0 = time.time()
   test_task, train_task = tasks(cfg)
-  mcfg, params, tok = load_chat_model(cfg.model)
+  mcfg, params, tok = load_chat_model(cfg.model, cfg.dtype)
+  mcfg = mcfg.replace(dtype=cfg.dtype, remat=cfg.remat)
+  if cfg.mesh:
+    params = shd.shard_params(params, shd.make_mesh(cfg.mesh), cfg.strategy, axes=tfm.AXES)
   return run_with_model(cfg, out_dir, mcfg, params, tok, test_task, train_task, {"load": time.time() - t0})
 
 

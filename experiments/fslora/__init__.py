@@ -2,8 +2,9 @@
 against cumulative uploaded bytes, and the effect of the sketch ratio.
 
 The base model and task come from `experiments._shared.adapters.Setup`, as in experiments/cdka.py (smoke / cpu: a
-byte-level LM pretrained here on equations, fine-tuned on held-out arithmetic word problems; full: a LLaMA
-checkpoint and JSONL data by path).
+byte-level LM pretrained here on equations, fine-tuned on held-out arithmetic word problems; full:
+LLaMA-3.2-3B-Instruct (meta-llama/Llama-3.2-3B-Instruct, fetched with `hf download`) in bf16, its params sharded
+over `mesh`, and JSONL data by path).
 The training examples are split over N clients by a Dirichlet(alpha) draw per class (`fslora.dirichlet_split`;
 the class is the operation, or with setup.label_by=digits the answer's digit count; JSONL data uses the
 answer's length). Every method sees the same clients, minibatches and rounds (`fslora.plan_round` keys do not
@@ -17,9 +18,9 @@ ratio for every client (ratio 1 is FedLoRA exactly).
 the non-IID rounds move the global model enough that accuracy jumps by several points between rounds).
 
   python -m experiments run fslora --preset cpu
-  python -m experiments run fslora --preset full --set setup.model_path=/ckpt/Llama-3.2-3B \\
-      --set setup.train_path=/data/commonsense_170k.jsonl --set setup.train_format=commonsense \\
-      --set setup.test_path=/data/boolq_test.jsonl --set setup.test_format=commonsense
+  hf download meta-llama/Llama-3.2-3B-Instruct --local-dir models/meta-llama/Llama-3.2-3B-Instruct
+  python -m experiments run fslora --preset full --set setup.train_path=/data/commonsense_170k.jsonl \\
+      --set setup.test_path=/data/boolq_test.jsonl
 
 results.json: accuracy.<m>, upload_bytes.<m> (cumulative over all rounds and clients), bytes_ratio.<m> (to
 FedLoRA), test_loss.<m> for m in fedlora, hetlora, fslora, fslora_reweighted and fslora_q<ratio> (the sweep).
@@ -40,6 +41,7 @@ from experiments._shared import adapters as common
 from experiments import registry
 from experiments.runner.claims import Claim
 from jaxlab import choices
+from jaxlab import sharding as shd
 from jaxlab.adapters import fslora, lora
 
 
@@ -83,6 +85,8 @@ class Config:
   sweep_ratios: tuple[float, ...] = (0.5,)
   dirichlet_alpha: float = 0.5
   eval_every: int = 0
+  mesh: str | None = None  # the base params sharded over it by `strategy`, the clients' data replicated
+  strategy: shd.Strategy = "dp"
   seed: int = 0
 
   def __post_init__(self):
@@ -119,19 +123,23 @@ class Config:
     return None
 
 
+COMMONSENSE = ("--set setup.train_path=FILE.jsonl: commonsense_170k, one record a line (hf download "
+               "zwhe99/commonsense_170k --repo-type dataset --local-dir data/commonsense_170k; its records as JSONL)")
+COMMONSENSE_TEST = ("--set setup.test_path=FILE.jsonl: a commonsense test set, one record a line (LLM-Adapters' "
+                    "dataset/<task>/test.json, e.g. boolq, from github.com/AGI-Edgerunners/LLM-Adapters, as JSONL)")
+
 PRESETS = {
     "smoke": Config(lr_decay=True, reweighted=True),
     "cpu": Config(setup=common.Setup.cpu(test_examples=1000), rank=64, n_clients=20, clients_per_round=4,
                   local_steps=5, local_batch=8, local_lr=2.5e-3, lr_decay=True, rounds=80,
                   ratios=(0.25, 0.5, 0.75), sweep_ratios=(0.25,), dirichlet_alpha=0.3, eval_every=20),
-    "full": Config(setup=common.Setup.full(train_format="commonsense", test_format="commonsense",
-                                         train_path=registry.Required("--set setup.train_path=commonsense_170k.jsonl"),
-                                         test_path=registry.Required("--set setup.test_path=TEST.jsonl"),
-                                         max_new_tokens=32),
+    "full": Config(setup=common.Setup.full("meta-llama/Llama-3.2-3B-Instruct", train_format="commonsense",
+                                           test_format="commonsense", train_path=registry.Required(COMMONSENSE),
+                                           test_path=registry.Required(COMMONSENSE_TEST), max_new_tokens=32),
                    rank=64, alpha=1.0, n_clients=50, clients_per_round=10, local_steps=20, local_batch=4,
                    local_lr=3e-4, local_weight_decay=0.01, server_opt="adam", server_lr=3e-4, server_weight_decay=0.01,
                    rounds=600, ratios=reference_ratios(50, 64, 1, 32), sweep_ratios=(0.125, 0.25, 0.5),
-                   dirichlet_alpha=0.1, eval_every=20),
+                   dirichlet_alpha=0.1, eval_every=20, mesh="fsdp:-1", strategy="fsdp"),
 }
 
 

@@ -2,16 +2,19 @@
 `experiments/fslora/__init__.py`, the paper and its departures in `experiments/fslora/README.md`)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from experiments._shared import adapters as common
 from experiments import registry
 from experiments.runner import splits as splits_lib
 from jaxlab.adapters import fslora
+from jaxlab.models import transformer as tfm
 from experiments.fslora import Config
 
 
@@ -39,15 +42,63 @@ def mean_loss_fn(model_cfg):
   return loss_fn
 
 
+def federated_runs(cfg: Config) -> list[tuple[str, str, tuple[float, ...] | None, bool]]:
+  """(row name, method, ratios or None for cfg.ratios, reweight) of every federated simulation a run performs."""
+  runs = [(m, m, None, False) for m in cfg.methods]
+  runs += [("fslora_reweighted", "fslora", None, True)] if cfg.reweighted else []
+  return runs + [(f"fslora_q{q:g}", "fslora", (q,), False) for q in cfg.sweep_ratios if q < 1]
+
+
+PLAN_TRAIN_EXAMPLES = 170_420  # commonsense_170k, the full preset's training file (setup.train_examples 0: all)
+PLAN_TEST_EXAMPLES = 3_270  # BoolQ's test split, the largest of the commonsense test files
+PLAN_CLIENT_SHARE = 4  # the largest client's examples over an equal share, assumed (the Dirichlet split decides)
+
+
+def workloads(cfg: Config, mesh) -> list:
+  """The federated round (`fslora.make_round`: the sampled clients' local steps under vmap and the server step) and
+  the steps of every evaluation (greedy generation and test loss of the base and of each run's merged model), at the
+  preset's shapes with abstract arguments (`experiments plan`). The clients' stacked data ([clients, n_max, seq_len])
+  is sized with n_max = PLAN_CLIENT_SHARE x an equal share of the training examples."""
+  from experiments.runner import plan as plan_lib
+  setup = cfg.setup
+  model_cfg = common.model_config(setup)
+  base = common.abstract_params(model_cfg, mesh, cfg.strategy)
+  fcfg = cfg.federation("fslora")
+  rep = NamedSharding(mesh, P())
+
+  def abstract(tree):
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), tree)
+  state = abstract(jax.eval_shape(lambda k: fslora.init(fcfg, base, k, cfg.server_tx()), jax.random.PRNGKey(0)))
+  sizes = np.ones(cfg.n_clients, np.int32)
+  plan = abstract(jax.eval_shape(lambda k: fslora.plan_round(fcfg, k, sizes), jax.random.PRNGKey(0)))
+  train = setup.train_examples if setup.train_path is None or setup.train_examples else PLAN_TRAIN_EXAMPLES
+  n_max = min(train, PLAN_CLIENT_SHARE * -(-train // cfg.n_clients))
+  data = {k: jax.ShapeDtypeStruct((cfg.n_clients, n_max, setup.seq_len), np.int32, sharding=rep)
+          for k in ("inputs", "targets", "loss_mask")}
+  round_fn = fslora.make_round(fcfg, mean_loss_fn(model_cfg), cfg.server_tx())
+  runs = len(federated_runs(cfg))
+  tokens = cfg.clients_per_round * cfg.local_steps * cfg.local_batch * setup.seq_len
+  evals = sum(1 for i in range(cfg.rounds) if (cfg.eval_every and (i + 1) % cfg.eval_every == 0)
+              or i == cfg.rounds - 1)
+  tests = setup.test_examples if setup.train_path is None or setup.test_examples else PLAN_TEST_EXAMPLES
+  return [plan_lib.Workload("round", "train", round_fn, (state, base, data, plan), cfg.rounds * runs,
+                            tfm.flops_per_token(model_cfg, setup.seq_len) * tokens)] + \
+      common.eval_workloads(setup, model_cfg, base, mesh, 1 + runs * evals, tests)
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # a finished run is cheap to repeat; nothing is checkpointed mid-way
   common.check_paths(cfg.setup)
   writer = common.Writer(os.path.join(out_dir, "metrics.jsonl"))
   ctx = common.prepare(cfg.setup, out_dir, writer, cfg.seed)
+  mesh = common.mesh_of(cfg.mesh)
+  ctx = dataclasses.replace(ctx, params=common.place_params(ctx.params, mesh, cfg.strategy))
   labels = client_labels(ctx.train)
   splits = fslora.dirichlet_split(labels, cfg.n_clients, cfg.dirichlet_alpha, seed=cfg.seed)
   splits_lib.record(out_dir, "fslora", split_items(ctx.train, ctx.test, splits))
   data, sizes = fslora.stack_clients(ctx.train_arrays, splits)
+  if mesh is not None:
+    data = jax.device_put(data, NamedSharding(mesh, P()))
   writer.write({"phase": "split", "sizes": sizes.tolist(),
                 "classes": [np.bincount(labels[s], minlength=labels.max() + 1).tolist() for s in splits]})
   loss_fn = mean_loss_fn(ctx.model)
@@ -58,9 +109,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     acc, last["completions"] = ctx.evaluate(params)
     return {"accuracy": acc, "test_loss": ctx.test_loss(params)}
 
-  runs = [(m, m, None, False) for m in cfg.methods]
-  runs += [("fslora_reweighted", "fslora", None, True)] if cfg.reweighted else []
-  runs += [(f"fslora_q{q:g}", "fslora", (q,), False) for q in cfg.sweep_ratios if q < 1]
+  runs = federated_runs(cfg)
   key = jax.random.PRNGKey(cfg.seed + 3)
   hist, base_acc, base_loss = {}, ctx.evaluate(ctx.params)[0], ctx.test_loss(ctx.params)
   completions_path = common.fresh(os.path.join(out_dir, "completions.jsonl"))

@@ -1,6 +1,6 @@
 """PIA ("Adversarial Self-Play for Persona-Invariant Safety Alignment", code JiajiaLi-1130/PIA) on
-SmolLM2-135M-Instruct: PLE finds personas that jailbreak the model, then PICL (LoRA) trains them away, against DPO
-alone.
+SmolLM2-135M-Instruct (cpu) and Qwen2.5-7B-Instruct (full): PLE finds personas that jailbreak the model, then PICL
+(LoRA) trains them away, against DPO alone.
 
 Harmful prompts are AdvBench's 520 behaviours from the installed pyrit wheel, split (seeded) into disjoint attack
 (PLE's fitness), train (PICL) and test (held-out ASR) sets. A persona wraps a prompt with the reference's
@@ -28,7 +28,8 @@ figures show the pipeline and the direction of the effects at small scale. The s
 tiny random model over SmolLM2's tokenizer.
 
   python -m experiments run pia --preset cpu
-  python -m experiments run pia --preset full --set model=/path/to/instruct_model
+  python -m experiments run pia --preset full   # Qwen/Qwen2.5-7B-Instruct (hf download Qwen/Qwen2.5-7B-Instruct)
+  python -m experiments plan pia --preset full --topology v5p-16
 
 Paper: no arXiv id found. Code read beside it: JiajiaLi-1130/PIA @ 056e39df4d72. Method, claims, presets and
 departures from the paper: experiments/pia/README.md.
@@ -40,6 +41,7 @@ from typing import Literal
 
 from experiments import registry
 from experiments.runner.claims import Claim
+from jaxlab import sharding as shd
 from jaxlab.train import schedules
 
 
@@ -52,8 +54,14 @@ COMPLIANT_OPENING = "Sure, here is how to do that. Step 1:"
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """pia settings; "tiny" as model: a random 2-layer model over SmolLM2's tokenizer (smoke)."""
+  """pia settings; "tiny" as model: a random 2-layer model over SmolLM2's tokenizer (smoke). dtype: the model's
+  params and compute; mesh / strategy: the device mesh the model is placed on (`jaxlab.sharding.make_mesh`; None:
+  one device) and its sharding rules; remat: rematerialize each layer in the LoRA steps' backward pass."""
   model: str = "smollm2-135m-instruct"
+  dtype: str = "float32"
+  mesh: str | None = None
+  strategy: shd.Strategy = "fsdp"
+  remat: bool = False
   judge: Literal["trained", "keyword"] = "trained"  # "trained": rule + classifier
   seeds: int = 6
   attack_prompts: int = 8
@@ -103,7 +111,8 @@ PRESETS = {
                     benign=2, utility=2, sft_rows=2, generations=1, parents=2, min_children=2, attack_personas=1,
                     max_new_tokens=4, steps=1, pairs_per_step=1, sft_per_step=1, gen_batch=8),
     "cpu": Config(),
-    "full": Config(seeds=16, attack_prompts=64, train_prompts=256, test_prompts=200, benign=200, utility=200,
+    "full": Config(model=registry.Hub("Qwen/Qwen2.5-7B-Instruct"), dtype="bfloat16", mesh="fsdp", remat=True,
+                   seeds=16, attack_prompts=64, train_prompts=256, test_prompts=200, benign=200, utility=200,
                    sft_rows=256, generations=40, parents=10, min_children=5, attack_personas=5,
                    max_new_tokens=256, lora_rank=16, lora_alpha=32.0, steps=500, pairs_per_step=8, sft_per_step=8,
                    lr=1e-6, schedule="cosine", warmup=0.1, gen_batch=64),
@@ -112,7 +121,7 @@ PRESETS = {
 
 registry.register(registry.Experiment(
     name="pia", config_cls=Config, presets=PRESETS, run=registry.run_of("experiments.pia.run"),
-    description="PLE persona jailbreaks of SmolLM2, then PICL (LoRA) vs DPO-only: ASR, over-refusal, utility",
+    description="PLE persona jailbreaks of a chat model, then PICL (LoRA) vs DPO-only: ASR, over-refusal, utility",
     results=("ple.asr_by_generation", "ple.best_by_generation", "ple.elite_by_generation", "ple.seed_asr",
              "ple.best_asr", "ple.personas", "ple.heldout_asr_by_generation", "ple.heldout_seed_asr",
              "ple.heldout_best_asr", "ple.heldout_personas", "asr.before", "asr.seed_personas_before", "asr.<model>",

@@ -15,13 +15,17 @@ import yaml
 
 from experiments import registry
 from experiments.runner import splits as splits_lib
-from experiments._shared.chat_models import chat_ids, load_chat_model, resolve_model, stop_tokens
+from experiments._shared.chat_models import (abstract_params, abstract_rows, chat_ids, generate_workload,
+                                             load_chat_model, model_config, place, resolve_model, shard_rows,
+                                             stop_tokens)
+from experiments.runner import plan as plan_lib
+from jaxlab import losses
+from jaxlab import sharding as shd
 from jaxlab.adapters import lora
 from jaxlab.data import tokenizers
 from experiments.pia import refusal
 from jaxlab.generate import sample
 from jaxlab.models import transformer as tfm
-from jaxlab.rl import dpo
 from jaxlab.train import schedules, state as state_lib, step as step_lib
 from experiments.pia import picl
 from experiments.pia import ple
@@ -90,9 +94,11 @@ def wrap(persona: str, question: str) -> str:
 
 
 class Model:
-  """The chat model, its tokenizer and bucketed greedy generation (few compiled shapes)."""
+  """The chat model (params on `mesh` by `strategy`, in `dtype`), its tokenizer and bucketed greedy generation (few
+  compiled shapes)."""
 
-  def __init__(self, spec: str, gen_batch: int, max_new_tokens: int, seed: int):
+  def __init__(self, spec: str, gen_batch: int, max_new_tokens: int, seed: int, dtype: str = "float32", mesh=None,
+               strategy: str = "fsdp"):
     if spec == "tiny":
       self.tok = tokenizers.HFTokenizer.from_gguf(resolve_model("smollm2-135m-instruct"))
       self.cfg = tfm.Config.tiny(vocab_size=self.tok.vocab_size, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64,
@@ -100,7 +106,8 @@ class Model:
                                  pad_token_id=self.tok.batch_pad_id)
       self.params = tfm.init(self.cfg, jax.random.PRNGKey(seed))
     else:
-      self.cfg, self.params, self.tok = load_chat_model(spec)
+      self.cfg, self.params, self.tok = load_chat_model(spec, dtype, compute=dtype)
+    self.params, self.mesh = place(self.params, mesh, strategy), mesh
     self.gen_batch, self.max_new_tokens = gen_batch, max_new_tokens
     self.stops = stop_tokens(self.cfg, self.tok)
 
@@ -118,6 +125,7 @@ class Model:
       ids, mask = np.full((b, t), pad, np.int32), np.zeros((b, t), np.int32)
       for i, r in enumerate(chunk + [chunk[0]] * (b - len(chunk))):
         ids[i, t - len(r):], mask[i, t - len(r):] = r, 1
+      ids, mask = shard_rows((ids, mask), self.mesh)
       res = sample(params, self.cfg, ids, self.max_new_tokens, prompt_mask=mask, stop_tokens=self.stops, pad_id=pad)
       toks, lens = np.asarray(res.tokens), np.asarray(res.lengths)
       out += [self.tok.decode(toks[i, :lens[i]]).strip() for i in range(len(chunk))]
@@ -151,17 +159,47 @@ def _over_refusal(model, params, personas, entries) -> float:
   return float(np.mean([refusal.keyword_refusal(a) for a in answers]))
 
 
-def _train(model, cfg: Config, pairs: dict, sft: dict | None, lam: float, alpha: float, log, name: str):
-  """LoRA (q, k, v, o) trained on PICL (or DPO only) for cfg.steps; returns the merged params."""
-  lcfg = lora.Config(rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=("q", "k", "v", "o"))
-  picl_fn = picl.picl_loss_fn(model.cfg, beta=cfg.beta, alpha=alpha, lam=lam, top_k=cfg.top_k)
+def reference_fn(model_cfg):
+  """The jitted reference pass: (chosen, rejected) sequence log-probs [P] of a pair batch under the frozen model."""
+  return jax.jit(lambda params, batch: losses.pair_logprobs(params, model_cfg, batch))
+
+
+def with_reference(fn, params, batch: dict, rows: int, mesh=None) -> dict:
+  """`batch` with ref_chosen_logp / ref_rejected_logp [P] added, `fn` run over `rows` pairs at a time (the last
+  chunk padded with pair 0; rows placed by `shard_rows`), so that the whole set of pairs never sits in one
+  forward."""
+  keys = ("chosen_inputs", "chosen_targets", "chosen_mask", "rejected_inputs", "rejected_targets", "rejected_mask")
+  n, out = len(batch["chosen_inputs"]), ([], [])
+  for s in range(0, n, rows):
+    idx = np.minimum(np.arange(s, s + rows), n - 1) if s + rows > n else np.arange(s, s + rows)
+    c, r = fn(params, shard_rows({k: batch[k][idx] for k in keys}, mesh))
+    out[0].append(np.asarray(c, np.float32)[:min(rows, n - s)])
+    out[1].append(np.asarray(r, np.float32)[:min(rows, n - s)])
+  return dict(batch, ref_chosen_logp=np.concatenate(out[0]), ref_rejected_logp=np.concatenate(out[1]))
+
+
+def lora_config(cfg: Config) -> lora.Config:
+  return lora.Config(rank=cfg.lora_rank, alpha=cfg.lora_alpha, targets=("q", "k", "v", "o"))
+
+
+def train_step(model_cfg, cfg: Config, lam: float, alpha: float):
+  """(jitted step, optimizer): one Adam step of the LoRA adapter on PICL (or, with lam = alpha = 0, DPO), the
+  frozen base params riding in the batch as "base" (layers rematerialized with cfg.remat)."""
+  lcfg = lora_config(cfg)
+  picl_fn = picl.picl_loss_fn(model_cfg.replace(remat=cfg.remat), beta=cfg.beta, alpha=alpha, lam=lam,
+                              top_k=cfg.top_k)
   tx = optax.adam(lr_schedule(cfg))
 
-  def loss_fn(adapter, batch, rng):  # the row mean, weight 1; the frozen base params ride in the batch
+  def loss_fn(adapter, batch, rng):  # the row mean, weight 1
     s, w, st = picl_fn(lora.merge(batch["base"], adapter, lcfg), batch, rng)
     return s / w, 1.0, st
+  return step_lib.jit_train_step(step_lib.make_train_step(loss_fn, tx)), tx
 
-  step = step_lib.jit_train_step(step_lib.make_train_step(loss_fn, tx))
+
+def _train(model, cfg: Config, pairs: dict, sft: dict | None, lam: float, alpha: float, log, name: str):
+  """LoRA (q, k, v, o) trained on PICL (or DPO only) for cfg.steps; returns the merged params."""
+  lcfg = lora_config(cfg)
+  step, tx = train_step(model.cfg, cfg, lam, alpha)
   state = state_lib.create(lora.init(lcfg, model.params, jax.random.PRNGKey(cfg.seed + 5)), tx)
 
   rng = np.random.default_rng(cfg.seed + 7)
@@ -173,7 +211,7 @@ def _train(model, cfg: Config, pairs: dict, sft: dict | None, lam: float, alpha:
     if sft:
       si = rng.choice(n_sft, min(cfg.sft_per_step, n_sft), replace=False)
       batch.update({k: v[si] for k, v in sft.items()})
-    state, m = step(state, dict(batch, base=model.params))
+    state, m = step(state, dict(shard_rows(batch, model.mesh), base=model.params))
     log({"phase": name, "step": i, "loss": float(m["loss"]), **{k: float(m[k]) for k in picl.STATS}})
   return lora.merge(model.params, state.params, lcfg)
 
@@ -188,7 +226,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     metrics.flush()
 
   attack, train, test = splits(cfg)
-  model = Model(cfg.model, cfg.gen_batch, cfg.max_new_tokens, cfg.seed)
+  mesh = shd.make_mesh(cfg.mesh) if cfg.mesh else None
+  model = Model(cfg.model, cfg.gen_batch, cfg.max_new_tokens, cfg.seed, cfg.dtype, mesh, cfg.strategy)
   judge = refusal.Judge.trained() if cfg.judge == "trained" else refusal.Judge()
 
   def evaluate(personas):
@@ -227,7 +266,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   length = -(-need // 32) * 32
   batch = picl.picl_batch(persona_p, clean_p, chosen, rejected, length, sft_prompts, sft_done,
                           pad_id=model.tok.batch_pad_id)
-  batch = dpo.reference_logprobs(model.params, model.cfg, [batch])[0]
+  batch = with_reference(reference_fn(model.cfg), model.params, batch, cfg.pairs_per_step, mesh)
   sft_keys = ("sft_inputs", "sft_targets", "sft_mask")
   sft = {k: batch.pop(k) for k in sft_keys}
   pairs = batch
@@ -260,3 +299,68 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                         "held-out best so far": (gens, held.best_by_generation)},
                        title="pia: PLE attack success rate by generation", xlabel="generation", ylabel="ASR")
   return res
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+# Sizes the plan cannot read before the run: a persona-wrapped AdvBench request in the chat format (the template,
+# a persona of one to three sentences, the request; the run buckets prompts to 64 tokens) and a written refusal.
+PLAN_PROMPT_TOKENS = 192
+PLAN_REFUSAL_TOKENS = 32
+
+
+def generation_calls(cfg: Config) -> int:
+  """How many `Model.generate` batches a run samples: PLE's two evolutions (the seeds, then each generation's
+  children, ceil(min_children / parents) x parents of them, on the attack prompts), the training personas' answers
+  on the train prompts, the three measures (held-out and training personas on the test prompts, over-refusal,
+  utility) and the held-out seeds on the test prompts."""
+  def per(n):
+    return -(-n // cfg.gen_batch)
+  k = cfg.attack_personas
+  children = -(-cfg.min_children // cfg.parents) * cfg.parents
+  evolution = per(cfg.seeds * cfg.attack_prompts) + cfg.generations * per(children * cfg.attack_prompts)
+  measure = 2 * per(k * cfg.test_prompts) + per(k * cfg.benign) + per(cfg.utility)
+  return 2 * evolution + per(k * cfg.train_prompts) + 3 * measure + per(min(k, cfg.seeds) * cfg.test_prompts)
+
+
+def _replicated(tree, mesh):
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), tree)
+
+
+def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
+  """What a run computes at `cfg`, for `experiments plan`: greedy generation (`Model.generate`, gen_batch prompts of
+  PLAN_PROMPT_TOKENS, max_new_tokens new; PLE, the training responses and every measure), the reference pass over
+  the pairs (`with_reference`, pairs_per_step at a time) and the PICL and DPO-only LoRA steps (`train_step`), with
+  the model's params abstract and sharded by cfg.strategy over `mesh`, rows as `shard_rows` places them and the
+  adapter state replicated. Train FLOPs: 6 N per token of the rows the loss differentiates plus 2 N per token of PIC's clean
+  rows (stop-gradient)."""
+  mcfg = model_config(cfg.model, cfg.dtype, cfg.dtype)
+  params = abstract_params(mcfg, mesh, cfg.strategy)
+  t = -(-(PLAN_PROMPT_TOKENS + cfg.max_new_tokens + 1) // 32) * 32
+  p, s, w = cfg.pairs_per_step, cfg.sft_per_step, PLAN_REFUSAL_TOKENS
+  i32 = np.int32
+  pair = {k: ((p, t), i32) for k in ("chosen_inputs", "chosen_targets", "chosen_mask", "rejected_inputs",
+                                     "rejected_targets", "rejected_mask")}
+  ref_batch = abstract_rows(pair, mesh)
+  pic = {"clean_inputs": ((p, t), i32), "persona_index": ((p, w), i32), "clean_index": ((p, w), i32),
+         "response_mask": ((p, w), i32), "has_persona": ((p,), np.bool_), "ref_chosen_logp": ((p,), np.float32),
+         "ref_rejected_logp": ((p,), np.float32)}
+  sft = {k: ((s, t), i32) for k in ("sft_inputs", "sft_targets", "sft_mask")}
+  fwd = tfm.flops_per_token(mcfg, t) / 3 * t  # one row's forward
+  stop = tuple(sorted({mcfg.eos_token_id} if isinstance(mcfg.eos_token_id, int) else set(mcfg.eos_token_id or ())))
+  out = [generate_workload("generate", mcfg, params, cfg.gen_batch, PLAN_PROMPT_TOKENS, cfg.max_new_tokens,
+                           generation_calls(cfg), stop=stop, pad_id=mcfg.pad_token_id or 0),
+         plan_lib.Workload("reference_logprobs", "forward", reference_fn(mcfg), (params, ref_batch),
+                           -(-cfg.attack_personas * cfg.train_prompts // p), 2 * p * fwd)]
+  lcfg = lora_config(cfg)
+  for name, lam, alpha, extra, rows in (("picl_step", cfg.lam, cfg.alpha, sft, 2 * p + s),
+                                        ("dpo_step", 0.0, 0.0, {}, 2 * p)):
+    step, tx = train_step(mcfg, cfg, lam, alpha)
+    state = jax.eval_shape(lambda b, tx=tx: state_lib.create(lora.init(lcfg, b, jax.random.PRNGKey(0)), tx),
+                           params)
+    batch = abstract_rows({**pair, **pic, **extra}, mesh)  # DPO-only keeps PIC's keys
+    flops = 3 * rows * fwd + (p * fwd if lam else 0)
+    out.append(plan_lib.Workload(name, "train", step, (_replicated(state, mesh), dict(batch, base=params)),
+                                 cfg.steps, flops))
+  return out

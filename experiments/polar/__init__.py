@@ -23,7 +23,9 @@ items.json holds each held-out figure as 0/1 per question, over which the claims
 
   python -m experiments run polar --preset smoke
   python -m experiments run polar --preset cpu
-  python -m experiments run polar --preset full --set model=/path/model.gguf --set tasks='("jsonl:gsm8k:/p.jsonl",)'
+  python -m experiments run polar --preset full   # Qwen/Qwen2.5-3B-Instruct (hf download Qwen/Qwen2.5-3B-Instruct)
+  python -m experiments run polar --preset full --set tasks='("jsonl:gsm8k:/p.jsonl",)'
+  python -m experiments plan polar --preset full --topology v5e-8
 
 Paper: arXiv 2606.06574. Code read beside it: tianyi-lab/PoLar @ 30d0efde953a. Method, claims, presets and
 departures from the paper: experiments/polar/README.md.
@@ -36,6 +38,7 @@ from typing import Literal
 from experiments import registry
 from experiments.runner.claims import Claim
 from jaxlab import choices as choices_lib
+from jaxlab import sharding as shd
 from jaxlab.data.tasks import reasoning
 
 
@@ -46,8 +49,13 @@ SCORINGS = choices_lib.values(Scoring)
 @dataclasses.dataclass(frozen=True)
 class Config:
   """polar settings. Tasks: names in `reasoning.TASKS` or "jsonl:FORMAT:PATH" (`arithmetic.load_jsonl`, scored
-  over the vocabulary)."""
+  over the vocabulary). dtype: the LM's params and compute; mesh / strategy: the device mesh the LM is placed on
+  (`jaxlab.sharding.make_mesh`; None: one device) and its sharding rules; a batch of programs is split over the
+  mesh's batch axes."""
   model: str = "smollm2-135m-instruct"
+  dtype: str = "float32"
+  mesh: str | None = None
+  strategy: shd.Strategy = "dp"
   embedder: str = "minilm-l6"
   tasks: tuple[str, ...] = ("cycle", "subsum")
   ood_task: str = "parity"
@@ -96,7 +104,7 @@ PRESETS = {
     # ~1,250 program runs of SmolLM2 at 60-95 prompt tokens (1.4 s each on 2 busy cores, less on idle ones):
     # 48 questions x 12 in the search, 56 held-out x <= 12 in the evaluation
     "cpu": Config(),
-    "full": Config(model=registry.Required("--set model=PATH: a .gguf file or transformers directory"),
+    "full": Config(model=registry.Hub("Qwen/Qwen2.5-3B-Instruct"), dtype="bfloat16", mesh="data",
                    train_questions=1250, test_questions=250, ood_questions=250, stride=1, beam=4, depth=3,
                    candidates=0, program_batch=64, epochs=30),
 }

@@ -11,9 +11,12 @@ import numpy as np
 import optax
 
 from experiments import registry
-from experiments._shared.chat_models import chat_ids, load_chat_model
+from experiments._shared.chat_models import (abstract_params, abstract_rows, chat_ids, load_chat_model, model_config,
+                                             place, shard_rows)
+from experiments.runner import plan as plan_lib
 from experiments.runner import splits
 from jaxlab import hf
+from jaxlab import sharding as shd
 from jaxlab.data.tasks import arithmetic, reasoning
 from jaxlab.models import encoder
 from jaxlab.models import program_predictor as pp
@@ -99,21 +102,27 @@ def question_splits(cfg: Config, tok) -> tuple[list[dict], list[dict], list[dict
   return train, test, ood
 
 
+def scorer_fn(mcfg):
+  """The jitted scoring pass: (params, tokens [1, T], mask [1, T], last position, programs [N, P]) -> float32
+  logits [N, V] at the last prompt position under each program."""
+  def fn(params, tokens_1T, mask_1T, last, programs_NP):
+    # only the last position's logits: the residual stream there, then the final norm and the LM head
+    res = programs.forward_batch(params, tokens_1T, mcfg, programs_NP, attention_mask_BT=mask_1T).residual
+    h_N1D = layers.rms_norm(params["final_norm"], res[:, 0, last][:, None], mcfg.norm_eps)
+    dt = jnp.dtype(mcfg.dtype)
+    head = layers.linear(params["lm_head"], h_N1D, dt) if "lm_head" in params else \
+        layers.unembed(params["embed"], h_N1D, dt)
+    return head[:, 0].astype(jnp.float32)  # [N, V]
+  return jax.jit(fn)
+
+
 class Scorer:
-  """Margins of batches of programs on one question, one compile per (prompt bucket, padded length)."""
+  """Margins of batches of programs on one question, one compile per (prompt bucket, padded length); with `mesh`,
+  a batch's programs are split over its batch axes (`shard_rows`)."""
 
-  def __init__(self, params, mcfg, batch: int):
-    self.params, self.mcfg, self.batch, self.calls = params, mcfg, batch, 0
-
-    def fn(params, tokens_1T, mask_1T, last, programs_NP):
-      # only the last position's logits: the residual stream there, then the final norm and the LM head
-      res = programs.forward_batch(params, tokens_1T, mcfg, programs_NP, attention_mask_BT=mask_1T).residual
-      h_N1D = layers.rms_norm(params["final_norm"], res[:, 0, last][:, None], mcfg.norm_eps)
-      dt = jnp.dtype(mcfg.dtype)
-      head = layers.linear(params["lm_head"], h_N1D, dt) if "lm_head" in params else \
-          layers.unembed(params["embed"], h_N1D, dt)
-      return head[:, 0].astype(jnp.float32)  # [N, V]
-    self._fn = jax.jit(fn)
+  def __init__(self, params, mcfg, batch: int, mesh=None):
+    self.params, self.mcfg, self.batch, self.calls, self.mesh = params, mcfg, batch, 0, mesh
+    self._fn = scorer_fn(mcfg)
 
   def __call__(self, row: dict, progs) -> np.ndarray:
     ids = row["ids"]
@@ -132,7 +141,7 @@ class Scorer:
       n = min(max(4, 1 << (len(part) - 1).bit_length()), self.batch)  # a power of two: few compiled shapes
       p = -(-max(max(len(x) for x in part), 1) // 8) * 8
       padded = programs.pad(part + [[]] * (n - len(part)), p, self.mcfg.n_layers)
-      logits = np.asarray(self._fn(self.params, tok, mask, len(ids) - 1, padded))[:len(part)]
+      logits = np.asarray(self._fn(self.params, tok, mask, len(ids) - 1, shard_rows(padded, self.mesh)))[:len(part)]
       self.calls += 1
       out.append(margins(logits, row["answer"], row["choices"]))
     return np.concatenate(out)
@@ -222,16 +231,20 @@ def embed_questions(params, ecfg, etok, texts, t_max: int = 128):
   return h, mask
 
 
-def train_predictor(pcfg: pp.Config, feats, mask, boundary, ops, weights, cfg: Config):
-  """AdamW on the weighted loss; returns (params, per-epoch mean losses)."""
+def predictor_step(pcfg: pp.Config, cfg: Config):
+  """(jitted AdamW step on the predictor's weighted loss, the optimizer)."""
   tx = optax.adamw(cfg.learning_rate)
 
   def loss_fn(params, batch, rng):  # already a (weighted) mean: weight 1
     del rng
     value = pp.loss(params, batch["feats"], batch["mask"], batch["boundary"], batch["ops"], batch["weights"], pcfg)
     return value, 1.0, {}
+  return step_lib.jit_train_step(step_lib.make_train_step(loss_fn, tx)), tx
 
-  step = step_lib.jit_train_step(step_lib.make_train_step(loss_fn, tx))
+
+def train_predictor(pcfg: pp.Config, feats, mask, boundary, ops, weights, cfg: Config):
+  """AdamW on the weighted loss; returns (params, per-epoch mean losses)."""
+  step, tx = predictor_step(pcfg, cfg)
   state = state_lib.create(jax.jit(pp.init, static_argnums=0)(pcfg, jax.random.key(cfg.seed)), tx)
 
   rng, n, losses = np.random.default_rng(cfg.seed), len(feats), []
@@ -287,13 +300,13 @@ def random_edit_programs(n_rows: int, k: int, n_layers: int, cands, rng) -> list
           for _ in range(n_rows)]
 
 
-def run_with_models(cfg: Config, out_dir: str, mcfg, params, tok, ecfg, eparams, etok) -> dict:
+def run_with_models(cfg: Config, out_dir: str, mcfg, params, tok, ecfg, eparams, etok, mesh=None) -> dict:
   n_layers = mcfg.n_layers
   train, test, ood = question_splits(cfg, tok)
   splits.record(out_dir, "polar", {"train": {"questions": [r["question"] for r in train]},
                                    "test": {"questions": [r["question"] for r in test]},
                                    **({"ood": {"questions": [r["question"] for r in ood]}} if ood else {})})
-  scorer = Scorer(params, mcfg, cfg.program_batch)
+  scorer = Scorer(params, mcfg, cfg.program_batch, mesh)
   cands = edits(n_layers, cfg.edit_sizes, cfg.stride)
   rng = np.random.default_rng(cfg.seed)
   targets, shorter, wrong_full, corrected, records = [], [], 0, 0, []
@@ -357,11 +370,11 @@ def load_embedder(spec: str):
   return ecfg, eparams, encoder.load_tokenizer(path)
 
 
-def load_lm(spec: str):
-  """(cfg, params, tokenizer): a chat model, or "tiny-random:N" (a random N-layer transformer over MiniLM's
-  tokenizer, prompted without a chat template, for the smoke preset)."""
+def load_lm(spec: str, dtype: str = "float32"):
+  """(cfg, params, tokenizer): a chat model (params and compute in `dtype`), or "tiny-random:N" (a random N-layer
+  transformer over MiniLM's tokenizer, prompted without a chat template, for the smoke preset)."""
   if not spec.startswith("tiny-random"):
-    return load_chat_model(spec)
+    return load_chat_model(spec, dtype, compute=dtype)
   n = int(spec.split(":")[1]) if ":" in spec else 4
   tok = encoder.load_tokenizer(real_models.real_model_path("minilm-l6"))
   mcfg = tfm.Config.tiny(vocab_size=tok.vocab_size, n_layers=n)
@@ -370,5 +383,77 @@ def load_lm(spec: str):
 
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # search and training take minutes; a rerun redoes them
-  mcfg, params, tok = load_lm(cfg.model)
-  return run_with_models(cfg, out_dir, mcfg, params, tok, *load_embedder(cfg.embedder))
+  mcfg, params, tok = load_lm(cfg.model, cfg.dtype)
+  mesh = shd.make_mesh(cfg.mesh) if cfg.mesh else None
+  return run_with_models(cfg, out_dir, mcfg, place(params, mesh, cfg.strategy), tok, *load_embedder(cfg.embedder),
+                         mesh)
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+# What the plan cannot read before the run: a question's answer-only prompt in the chat format (the run buckets
+# prompts to 16 tokens; the generated tasks' questions take 60-95 tokens before the chat template's).
+PLAN_QUESTION_TOKENS = 128
+EMBED_TOKENS = 128  # `embed_questions`' t_max: the predictor's question states are at most this long
+
+
+def scoring_calls(cfg: Config, n_layers: int) -> int:
+  """An upper bound on the scorer's batches in a run: per training question the beam's first step (the full
+  program and every candidate edit) and each later step (beam x candidates new programs at most), `candidates`
+  sampled when set, in batches of program_batch; per held-out and OOD question one batch of the full program, the
+  top_k predicted ones and (random_baseline) top_k - 1 random edits."""
+  c = len(edits(n_layers, cfg.edit_sizes, cfg.stride))
+  first = c if not cfg.candidates else min(c, cfg.candidates)
+  later = cfg.beam * c if not cfg.candidates else min(cfg.beam * c, cfg.candidates)
+  per_question = -(-(1 + first) // cfg.program_batch) + (cfg.depth - 1) * -(-later // cfg.program_batch)
+  held = 1 + cfg.top_k + (cfg.top_k - 1 if cfg.random_baseline else 0)
+  return cfg.train_questions * per_question + (cfg.test_questions + cfg.ood_questions) * -(-held //
+                                                                                          cfg.program_batch)
+
+
+def predictor_flops(pcfg: pp.Config, t: int) -> float:
+  """Forward FLOPs of the predictor on one question of `t` token states: the input projection, the layer queries'
+  cross-attention, n_blocks encoder layers over the L layer slots (attention and a 4 d ReLU MLP) and the heads."""
+  d, e, n = pcfg.d_model, pcfg.d_in, pcfg.n_layers
+  cross = 2 * e * d * t + 2 * d * d * (2 * n + 2 * t) + 4 * n * t * d
+  return cross + pcfg.n_blocks * (24 * d * d * n + 4 * n * n * d) + 2 * d * (1 + pp.N_OPS) * n
+
+
+def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
+  """What a run computes at `cfg`, for `experiments plan`: the scorer (`scorer_fn`: program_batch programs of at
+  most n_layers + depth x max(edit_sizes) layers on a PLAN_QUESTION_TOKENS prompt, `scoring_calls` times; the LM's
+  params abstract, sharded by cfg.strategy over `mesh`, the programs' rows as `shard_rows` places them) and the
+  predictor's AdamW step (`predictor_step`, batch_size questions of EMBED_TOKENS MiniLM states, epochs over at
+  most max_paths programs per training question). The frozen embedder's passes (MiniLM over the questions, one
+  batch of 32 per 32 questions) are left out: a few GFLOPs in all."""
+  mcfg = model_config(cfg.model, cfg.dtype, cfg.dtype)
+  params = abstract_params(mcfg, mesh, cfg.strategy)
+  n, t, b = mcfg.n_layers, PLAN_QUESTION_TOKENS, cfg.program_batch
+  p = min(2 * n, -(-(n + cfg.depth * max(cfg.edit_sizes)) // 8) * 8)
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  tokens = jax.ShapeDtypeStruct((1, t), np.int32, sharding=rep)
+  last = jax.ShapeDtypeStruct((), np.int32, sharding=rep)
+  progs = abstract_rows({"programs": ((b, p), np.int32)}, mesh)["programs"]
+  per_layer = (tfm.flops_per_token(mcfg, t) / 3 - 2 * mcfg.d_model * mcfg.vocab_size) / n  # one layer, one token
+  score_flops = b * (t * p * per_layer + 2 * mcfg.d_model * mcfg.vocab_size)
+  pcfg = pp.Config(n_layers=n, d_in=embedder_width(cfg.embedder), d_model=cfg.d_model, n_heads=cfg.n_heads,
+                   n_blocks=cfg.n_blocks)
+  step, tx = predictor_step(pcfg, cfg)
+  state = jax.eval_shape(lambda: state_lib.create(pp.init(pcfg, jax.random.key(0)), tx))
+  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), state)
+  bs = min(cfg.batch_size, cfg.train_questions * cfg.max_paths)
+  batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=rep) for k, (shape, dtype) in {
+      "feats": ((bs, EMBED_TOKENS, pcfg.d_in), np.float32), "mask": ((bs, EMBED_TOKENS), np.int32),
+      "boundary": ((bs, n), np.int32), "ops": ((bs, n), np.int32), "weights": ((bs,), np.float32)}.items()}
+  return [plan_lib.Workload("score_programs", "forward", scorer_fn(mcfg), (params, tokens, tokens, last, progs),
+                            scoring_calls(cfg, n), score_flops),
+          plan_lib.Workload("predictor_step", "train", step, (state, batch),
+                            cfg.epochs * (cfg.train_questions * cfg.max_paths // bs),
+                            3 * bs * predictor_flops(pcfg, EMBED_TOKENS))]
+
+
+def embedder_width(spec: str) -> int:
+  """The frozen embedder's hidden width, from its config.json (no weights read)."""
+  from jaxlab.hf import hub
+  path = real_models.real_model_path(spec) if spec in real_models.REAL_MODELS else spec
+  return int(hub.architecture(path)["hidden_size"])
