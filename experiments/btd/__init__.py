@@ -65,7 +65,10 @@ class Config:
 PRESETS = {
     "smoke": Config(items=8, samples=4, ns=(1, 4)),
     "cpu": Config(items=96, samples=16, ns=(1, 2, 4, 8, 16)),
-    "full": Config(samples_path=registry.Required("--set samples_path=PATH: a JSONL file of verdicts and y per item"),
+    "full": Config(samples_path=registry.Required(
+        "--set samples_path=FILE.jsonl: the sampled verdicts of a judge, one item a line, {\"verdicts\": [\"A\", "
+        "\"B\", \"tie\", ...], \"y\": 1|0|0.5, \"self_aggregation\": {\"<n>\": verdict}}; no public file (the paper's "
+        "code is unreleased): sample them with any judge over a pairwise benchmark with known labels"),
                    samples=32, ns=(1, 2, 4, 8, 16, 32)),
 }
 

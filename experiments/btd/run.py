@@ -114,6 +114,15 @@ def split_items(names: list[str], half: int, kind: str) -> dict:
   return {"train": {kind: names[:half]}, "test": {kind: names[half:]}}
 
 
+def workloads(cfg: Config, mesh) -> list:
+  """The accelerator work a run does at `cfg`, for `experiments plan`: none where verdicts come from
+  `samples_path` (the full preset: the paper's judges sampled them elsewhere; reading them and fitting BTD is numpy
+  on the host), and none worth planning otherwise (one SmolLM2-135M forward per item and a few short greedy
+  self-aggregation answers, seconds on a CPU). Returns []."""
+  del cfg, mesh
+  return []
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # minutes of work at the cpu preset; recomputed
   if cfg.samples_path is not None:

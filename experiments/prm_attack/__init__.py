@@ -30,8 +30,7 @@ measurement: 60 steps lift the discrete-token reward by 0.26 only, 30 iterations
 60 iterations at 5e-4 hack the reward (0.99 on training batches) and then diverge to answers the PRM cannot score.
 
   python -m experiments run prm_attack --preset cpu
-  python -m experiments run prm_attack --preset full --set prm_path=/ckpt/Qwen2.5-Math-PRM-7B \
-      --set separator="<extra_0>"
+  python -m experiments run prm_attack --preset full  # Qwen2.5-Math-PRM-7B from models/Qwen/Qwen2.5-Math-PRM-7B
 
 Paper: arXiv 2603.06621. Code read beside it: SqueezeAILab/reward-under-attack @ 7236994d66bf. Method, claims,
 presets and departures from the paper: experiments/prm_attack/README.md.
@@ -101,7 +100,7 @@ PRESETS = {
                     policy=adapters.Setup(steps=3, train_examples=16, test_examples=8, max_new_tokens=32, seq_len=128)),
     "cpu": Config(),
     "full": Config(model="", train_problems=0,
-                   prm_path=registry.Required("--set prm_path=DIR: a Qwen2.5-Math-PRM / Skywork-PRM checkpoint"),
+                   prm_path=registry.Hub("Qwen/Qwen2.5-Math-PRM-7B"), separator="<extra_0>",
                    test_problems=500, attack_tokens=20, attack_steps=1000, attack_rows=32, rl_iterations=0),
 }
 

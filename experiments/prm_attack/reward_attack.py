@@ -16,6 +16,7 @@ Axes: B rows, T tokens, S spliced tokens (T + K + separators), K adversarial tok
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Literal, NamedTuple
 
@@ -164,6 +165,35 @@ class Result(NamedTuple):
   entropy_N: np.ndarray
 
 
+def make_step(cfg: Config, lm_cfg: tfm.Config, head_cfg: heads.Config, lay: Layout):
+  """The attack's jitted step for rows laid out as `lay`: `step(lm_params, head_params, embeds_BTD, sep_D,
+  logits_KV, opt_state, key, i)` returns (new logits, new Adam state, relaxed rewards [B], discrete rewards [B] of the
+  argmax tokens before the update, mean entropy, those argmax tokens [K]). Weights are arguments, never constants
+  folded into the program."""
+  opt = optax.adam(cfg.lr)
+
+  def reward_of(lm_params, head_params, embeds, sep, adv_KD):
+    return rewards(lm_params, lm_cfg, head_params, head_cfg, splice_embeddings(embeds, adv_KD, sep, lay), lay)
+
+  def loss_fn(logits_KV, lm_params, head_params, embeds, sep, k, w):
+    table = lm_params["embed"]["embedding"]
+    r_B = reward_of(lm_params, head_params, embeds, sep, relaxed_embeddings(logits_KV, table, k, cfg.tau))
+    logp = jax.nn.log_softmax(logits_KV, axis=-1)
+    ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1).mean()
+    return -r_B.mean() + w * ent, (r_B, ent)
+
+  @jax.jit
+  def step(lm_params, head_params, embeds_BTD, sep_D, logits_KV, opt_state, k, i):
+    (_, (r_B, ent)), g = jax.value_and_grad(loss_fn, has_aux=True)(logits_KV, lm_params, head_params, embeds_BTD,
+                                                                   sep_D, k, entropy_weight(cfg, i))
+    upd, opt_state = opt.update(g, opt_state, logits_KV)
+    tokens_K = jnp.argmax(logits_KV, axis=-1)  # the tokens these logits stand for now
+    discrete_B = reward_of(lm_params, head_params, embeds_BTD, sep_D, lm_params["embed"]["embedding"][tokens_K])
+    return optax.apply_updates(logits_KV, upd), opt_state, r_B, discrete_B, ent, tokens_K
+
+  return step, opt
+
+
 def attack(cfg: Config, lm_params, lm_cfg: tfm.Config, head_params, head_cfg: heads.Config, tokens_BT, mask_BT,
            question_len_B, separator_id: int) -> Result:
   """Optimizes one set of K adversarial tokens for all rows (a universal attack when B > 1)."""
@@ -173,29 +203,13 @@ def attack(cfg: Config, lm_params, lm_cfg: tfm.Config, head_params, head_cfg: he
   sep = table[separator_id]
   key, init_key = jax.random.split(jax.random.key(cfg.seed))
   logits = jax.random.normal(init_key, (cfg.n_tokens, table.shape[0]), jnp.float32)
-  opt = optax.adam(cfg.lr)
-  reward_of = lambda adv_KD: rewards(lm_params, lm_cfg, head_params, head_cfg,
-                                     splice_embeddings(embeds, adv_KD, sep, lay), lay)
-
-  def loss_fn(logits_KV, k, w):
-    r_B = reward_of(relaxed_embeddings(logits_KV, table, k, cfg.tau))
-    logp = jax.nn.log_softmax(logits_KV, axis=-1)
-    ent = -jnp.sum(jnp.exp(logp) * logp, axis=-1).mean()
-    return -r_B.mean() + w * ent, (r_B, ent)
-
-  @jax.jit
-  def step(logits_KV, opt_state, k, i):
-    (_, (r_B, ent)), g = jax.value_and_grad(loss_fn, has_aux=True)(logits_KV, k, entropy_weight(cfg, i))
-    upd, opt_state = opt.update(g, opt_state, logits_KV)
-    discrete_B = reward_of(table[jnp.argmax(logits_KV, axis=-1)])  # the tokens these logits stand for now
-    return optax.apply_updates(logits_KV, upd), opt_state, r_B, discrete_B, ent, jnp.argmax(logits_KV, -1)
-
+  step, opt = make_step(cfg, lm_cfg, head_cfg, lay)
   opt_state = opt.init(logits)
   relaxed, discrete, ents = [], [], []
   best, best_tokens = -np.inf, None
   for i in range(cfg.steps):
     key, k = jax.random.split(key)
-    logits, opt_state, r_B, d_B, ent, toks = step(logits, opt_state, k, i)
+    logits, opt_state, r_B, d_B, ent, toks = step(lm_params, head_params, embeds, sep, logits, opt_state, k, i)
     relaxed.append(np.asarray(r_B))
     discrete.append(np.asarray(d_B))
     ents.append(float(ent))
@@ -210,5 +224,11 @@ def discrete_rewards(lm_params, lm_cfg, head_params, head_cfg, tokens_BT, mask_B
   a token forward, independent of the relaxed path."""
   lay = layout(tokens_BT, mask_BT, question_len_B, len(adv_K), position, head_cfg.kind, separator_id)
   toks = splice_tokens(tokens_BT, adv_K, separator_id, lay)
-  return _read(head_params, head_cfg, heads.hidden_states(lm_params, lm_cfg, jnp.asarray(toks),
-                                                          jnp.asarray(lay.mask_BS)), lay)
+  return _read(head_params, head_cfg, hidden_fn(lm_cfg)(lm_params, jnp.asarray(toks), jnp.asarray(lay.mask_BS)), lay)
+
+
+@functools.lru_cache(maxsize=8)
+def hidden_fn(lm_cfg: tfm.Config):
+  """The PRM's jitted LM forward `(lm_params, tokens_BT, mask_BT) -> final hidden states [B, T, D]` (what every
+  reward reads), one per config; weights are an argument."""
+  return jax.jit(lambda p, t, m: heads.hidden_states(p, lm_cfg, t, m))

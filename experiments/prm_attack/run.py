@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 
@@ -13,13 +14,15 @@ import optax
 
 from experiments import registry
 from experiments._shared import adapters, recipes
-from experiments.runner import splits
+from experiments.runner import plan as plan_lib, splits
 from experiments._shared.chat_models import load_chat_model
 from jaxlab import losses
 from jaxlab.data import tokenizers
 from jaxlab.data.tasks import arithmetic as ar
 from jaxlab.hf import reward as hf_reward
-from jaxlab.models import heads
+from jaxlab.hf.family import by_model_type
+from jaxlab.hf import hub
+from jaxlab.models import heads, transformer as tfm
 from jaxlab.rl import GRPOConfig, PromptCycle
 from experiments.prm_attack import reward_attack
 from jaxlab.train import rl_loop, state as state_lib, step as step_lib
@@ -111,7 +114,7 @@ class PRM:
     if len(sep) != 1:
       raise ValueError(f"separator {cfg.separator!r} must be one token of the PRM's tokenizer, found ids {sep}")
     self.sep = sep[0]
-    self._hidden = jax.jit(lambda p, t, m: heads.hidden_states(p, self.lm_cfg, t, m))  # weights as an argument
+    self._hidden = reward_attack.hidden_fn(self.lm_cfg)
 
   def encode(self, prompt: str, steps) -> tuple[list[int], list[int], int]:
     return encode(self.tok, self.sep, prompt, steps)
@@ -178,6 +181,76 @@ def split_items(train, test, fit, held, policy=None) -> dict:
          "transfer": {"problems": [test[i].prompt for i in held], "trajectories": traj(held)}}
   if policy:
     out["rl_test"] = {"problems": [e.prompt for e in policy[1]]}
+  return out
+
+
+# Token width of the PRM's input rows at the full preset, which depends on the PRM's tokenizer (not read by `plan`):
+# the three-step chains are at most 56 tokens with SmolLM2's tokenizer, which splits digits one per token as Qwen's
+# does, and `arrays` pads them to a multiple of 32.
+PLAN_WIDTH = 64
+
+
+def architecture(ref: str) -> tuple[tfm.Config, heads.Config]:
+  """(LM config, head config) of the reward model `ref` (a directory or a repo id, `jaxlab.hf.hub`), as
+  `jaxlab.hf.reward.load` builds them: a checkpoint without an LM head (every step PRM) ties it to the embedding."""
+  d = hub.architecture(ref)
+  kind = hf_reward.kind_of(d, str(ref))
+  if kind == "step":
+    d = {**d, "tie_word_embeddings": True}
+  lm_cfg = by_model_type(d["model_type"]).for_checkpoint(d).config_from_hf(d)
+  dtype = d.get("torch_dtype") or lm_cfg.param_dtype
+  return lm_cfg.replace(param_dtype=dtype), heads.Config(kind=kind, d_model=lm_cfg.d_model, param_dtype=dtype)
+
+
+def forward_calls(cfg: Config) -> int:
+  """How many batches of `cfg.batch` rows the run's PRM forward (`PRM.hidden`) reads with a trained PRM: the test
+  solutions once, then each perturbation kind's perturbed correct solutions (tier 1)."""
+  test = ar.step_labelled(ar.Arithmetic(steps=cfg.steps_per_problem), cfg.test_problems, "test", cfg.seed + 1)
+  right = [e for e in test if min(e.labels) > 0]
+  rng = np.random.default_rng(cfg.seed + 2)
+  per_kind = [sum(perturb(e, kind, right[(j + 1) % len(right)], rng) is not None for j, e in enumerate(right))
+              for kind in STYLE + LOGIC]
+  return math.ceil(len(test) / cfg.batch) + sum(math.ceil(n / cfg.batch) for n in per_kind if n)
+
+
+def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
+  """The PRM forward over `batch` rows (the test solutions and tier 1's perturbed ones), the attack's jitted step
+  (a relaxed forward, its gradient with respect to the adversarial logits, and the forward of their argmax tokens)
+  over `attack_rows` rows, and the forward of the rows with the discrete tokens spliced in, with abstract arguments
+  (`experiments plan`). The PRM's weights are replicated (the run holds them whole on its device); rows are split
+  over the mesh's batch axes. Rows are `PLAN_WIDTH` tokens wide (the widths depend on the PRM's tokenizer). Only a
+  trained PRM (`prm_path`) is planned: the cpu preset's head training reads SmolLM2 features and takes seconds."""
+  if cfg.prm_path is None:
+    return []
+  lm_cfg, head_cfg = architecture(cfg.prm_path)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  abstract = lambda tree: jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), tree)
+  lm = abstract(jax.eval_shape(lambda: tfm.init(lm_cfg, jax.random.key(0))))
+  head = abstract(jax.eval_shape(lambda: heads.init(head_cfg, jax.random.key(0))))
+  fwd_flops = lambda b, t: tfm.flops_per_token(lm_cfg, t) / 3 * b * t  # 2·N·tokens (+ attention)
+  width = (cfg.batch, PLAN_WIDTH)
+  rows = plan_lib.batch(mesh, {"tokens": (width, "int32"), "mask": (width, "int32")})
+  hidden = reward_attack.hidden_fn(lm_cfg)
+  out = [plan_lib.Workload("prm_forward", "forward", hidden, (lm, rows["tokens"], rows["mask"]), forward_calls(cfg),
+                           fwd_flops(cfg.batch, PLAN_WIDTH))]
+  position = cfg.attack_position if cfg.attack_position != "auto" else ("middle" if head_cfg.kind == "step" else "end")
+  b = cfg.attack_rows
+  toks = np.ones((b, PLAN_WIDTH), np.int32)
+  lay = reward_attack.layout(toks, toks, np.full(b, PLAN_WIDTH // 2), cfg.attack_tokens, position, head_cfg.kind, 0)
+  s = lay.kind_BS.shape[1]
+  acfg = reward_attack.Config(n_tokens=cfg.attack_tokens, position=position, steps=cfg.attack_steps, lr=cfg.attack_lr)
+  step, opt = reward_attack.make_step(acfg, lm_cfg, head_cfg, lay)
+  dt = jnp.dtype(lm_cfg.param_dtype)
+  spec = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
+  embeds = plan_lib.batch(mesh, {"e": ((b, PLAN_WIDTH, lm_cfg.d_model), dt)})["e"]
+  logits = spec((cfg.attack_tokens, lm_cfg.vocab_size))
+  opt_state = abstract(jax.eval_shape(opt.init, logits))
+  args = (lm, head, embeds, spec((lm_cfg.d_model,), dt), logits, opt_state, spec((), jax.random.key(0).dtype),
+          spec((), jnp.int32))
+  out.append(plan_lib.Workload("attack_step", "train", step, args, cfg.attack_steps, 3 * fwd_flops(b, s)))
+  spliced = plan_lib.batch(mesh, {"tokens": ((b, s), "int32"), "mask": ((b, s), "int32")})
+  out.append(plan_lib.Workload("prm_forward.spliced", "forward", hidden, (lm, spliced["tokens"], spliced["mask"]), 3,
+                               fwd_flops(b, s)))
   return out
 
 

@@ -22,8 +22,8 @@ speedup.<m>_over_<base> (tokens per step and wall-clock speed of each speculativ
 threshold sweeps; accuracy_vs_nfe.png plots them.
 
   python -m experiments run spec_dllm --preset cpu
-  python -m experiments run spec_dllm --preset full --set model_path=/ckpt/LLaDA-8B-Instruct \\
-      --set benchmark=gsm8k --set data_path=/data/gsm8k/test.jsonl
+  python -m experiments run spec_dllm --preset full --set data_path=/data/gsm8k/test.jsonl  # LLaDA-8B-Instruct
+      # from models/GSAI-ML/LLaDA-8B-Instruct (hf download GSAI-ML/LLaDA-8B-Instruct --local-dir ...)
 
 Paper: no arXiv id found. Code read beside it: NVlabs/Fast-dLLM @ 24cc59e75f20. Method, claims, presets and
 departures from the paper: experiments/spec_dllm/README.md.
@@ -35,7 +35,7 @@ from typing import Literal
 
 from experiments import registry
 from experiments.runner.claims import Claim
-from jaxlab import choices
+from jaxlab import choices, sharding as shd
 from experiments.spec_dllm import speculative
 from jaxlab.models import mdm
 
@@ -74,6 +74,7 @@ class Config:
   sweep: tuple[float, ...] = ()  # extra thresholds for the accuracy-vs-NFE curves
   methods: tuple[Method, ...] = METHODS
   model_path: str | None = None
+  mesh: str | None = None  # a checkpoint's weights split over this mesh (`jaxlab.sharding.make_mesh` spec), `tp` rules
   benchmark: Literal["arithmetic", "gsm8k", "humaneval"] = "arithmetic"
   data_path: str | None = None
   steps: int | None = None  # denoising steps for the vanilla sampler (None: gen_length)
@@ -83,6 +84,7 @@ class Config:
 
   def __post_init__(self):
     choices.check(self, nested=False)
+    shd.mesh_sizes(self.mesh, None)
     if self.gen_length % self.block_length:
       raise ValueError(f"gen_length ({self.gen_length}) must be a multiple of block_length ({self.block_length})")
     if self.model_path is None and self.benchmark != "arithmetic":
@@ -102,9 +104,13 @@ PRESETS = {
     "cpu": Config(model=_model(96, 3, 4, 288), digits=3, gen_length=16, block_length=4, train_steps=3000,
                   batch_size=64, lr=2e-3, warmup_steps=100, eval_examples=512, eval_batch=256, threshold=0.9,
                   sweep=(0.7, 0.95, 0.99, 0.999), ckpt_every=500, log_every=50),
-    "full": Config(model=mdm.PRESETS["llada-8b"], model_path=registry.Required("--set model_path=DIR"),
-                   benchmark="gsm8k", data_path=registry.Required("--set data_path=FILE.jsonl"), gen_length=256,
-                   block_length=32, steps=256, eval_examples=1319, eval_batch=1, sweep=()),
+    "full": Config(model=mdm.PRESETS["llada-8b"], model_path=registry.Hub("GSAI-ML/LLaDA-8B-Instruct"),
+                   benchmark="gsm8k", data_path=registry.Required(
+                       "--set data_path=FILE.jsonl: GSM8K's test split as JSONL with question and answer fields "
+                       "(hf download openai/gsm8k --repo-type dataset --local-dir data/gsm8k, then convert "
+                       "main/test-*.parquet to JSONL)"),
+                   gen_length=256, block_length=32, steps=256, eval_examples=1319, eval_batch=1, sweep=(),
+                   mesh="tensor"),
 }
 
 
@@ -127,7 +133,7 @@ registry.register(registry.Experiment(
     name="spec_dllm", config_cls=Config, presets=PRESETS, run=registry.run_of("experiments.spec_dllm.run"),
     requires=lambda cfg: ("bwrap",) if cfg.benchmark == "humaneval" else (),  # HumanEval's programs run sandboxed
     description="diffusion LM decoding: vanilla vs Fast-dLLM (threshold, dual cache) vs speculative",
-    resume_may_change=("methods", "sweep", "eval_examples", "eval_batch", "log_every", "threshold", "strata",
+    resume_may_change=("mesh", "methods", "sweep", "eval_examples", "eval_batch", "log_every", "threshold", "strata",
                        "lookahead", "accept_threshold", "vanilla_depth", "verify_attention"),
     results=("train_seconds?", "accuracy.<method>", "nfe.<method>", "tokens_per_step.<method>", "seconds.<method>",
              "sweep.<method>.<threshold>.accuracy?", "sweep.<method>.<threshold>.nfe?",

@@ -2,7 +2,10 @@
 `experiments/spec_dllm/__init__.py`, the paper and its departures in `experiments/spec_dllm/README.md`)."""
 from __future__ import annotations
 
+import collections
+import functools
 import json
+import math
 import os
 import re
 import shutil
@@ -15,10 +18,11 @@ import numpy as np
 import optax
 
 from experiments import registry
-from experiments.runner import splits
+from experiments.runner import plan as plan_lib, splits
 from experiments._shared.recipes import optimizer
-from jaxlab import hf, losses
+from jaxlab import hf, losses, sharding as shd
 from jaxlab.evals import sandbox
+from jaxlab.hf import hub
 from jaxlab.generate import diffusion
 from experiments.spec_dllm import speculative
 from jaxlab.models import mdm
@@ -135,22 +139,28 @@ PAIRS = (("speculative_dual_cache", "fast_dllm_dual_cache"), ("speculative", "fa
          ("speculative_vanilla", "vanilla"))
 
 
-def decode(method: str, params, mc: mdm.Config, prompts, cfg: Config, threshold: float, prompt_mask=None):
-  steps = cfg.steps or cfg.gen_length
-  kw = dict(steps=steps, gen_length=cfg.gen_length, block_length=cfg.block_length, prompt_mask=prompt_mask)
+def decode_settings(method: str, cfg: Config, threshold: float) -> tuple[str, dict]:
+  """How `method` decodes: ("diffusion" or "speculative", the keyword arguments of that module's `generate` besides
+  params, config, prompt and prompt_mask)."""
+  kw = dict(steps=cfg.steps or cfg.gen_length, gen_length=cfg.gen_length, block_length=cfg.block_length)
   if method == "vanilla":
-    return diffusion.generate(params, mc, prompts, **kw)
+    return "diffusion", kw
   if method in ("fast_dllm", "fast_dllm_dual_cache"):
-    return diffusion.generate(params, mc, prompts, threshold=threshold,
-                              cache="dual" if method == "fast_dllm_dual_cache" else None, **kw)
+    return "diffusion", dict(kw, threshold=threshold, cache="dual" if method == "fast_dllm_dual_cache" else None)
   if method == "speculative_vanilla":
-    return speculative.generate(params, mc, prompts, strata=(0.0,) * cfg.vanilla_depth, acceptance="exact",
-                                lookahead=cfg.lookahead, attention=cfg.verify_attention, **kw)
-  acceptance = "exact" if method == "speculative_exact" else "confident"
-  return speculative.generate(params, mc, prompts, threshold=threshold, strata=cfg.strata, acceptance=acceptance,
-                              accept_threshold=cfg.accept_threshold, lookahead=cfg.lookahead,
-                              cache="dual" if method == "speculative_dual_cache" else None,
-                              attention=cfg.verify_attention, **kw)
+    return "speculative", dict(kw, strata=(0.0,) * cfg.vanilla_depth, acceptance="exact", lookahead=cfg.lookahead,
+                               attention=cfg.verify_attention)
+  return "speculative", dict(kw, threshold=threshold, strata=cfg.strata,
+                             acceptance="exact" if method == "speculative_exact" else "confident",
+                             accept_threshold=cfg.accept_threshold, lookahead=cfg.lookahead,
+                             cache="dual" if method == "speculative_dual_cache" else None,
+                             attention=cfg.verify_attention)
+
+
+def decode(method: str, params, mc: mdm.Config, prompts, cfg: Config, threshold: float, prompt_mask=None):
+  kind, kw = decode_settings(method, cfg, threshold)
+  return (diffusion if kind == "diffusion" else speculative).generate(params, mc, prompts, prompt_mask=prompt_mask,
+                                                                       **kw)
 
 
 def evaluate(method, params, mc, batches, cfg: Config, threshold: float, score):
@@ -236,6 +246,77 @@ def benchmark_batches(cfg: Config, mc: mdm.Config, out_dir: str):
   return batches, score
 
 
+# Prompt width `plan` assumes at the full preset (the tokenizer is not read): a GSM8K question under LLaDA's chat
+# template, left-padded to a multiple of 64 as `benchmark_batches` pads it.
+PLAN_PROMPT_LEN = 128
+# Denoising steps per forward where the count depends on the model's confidences: the paper's tokens per step,
+# Fast-dLLM's threshold decoding (the baseline, 2.6) and the speculative decoders (4.3), on HumanEval.
+PLAN_TOKENS_PER_STEP = {"diffusion": 2.6, "speculative": 4.3}
+
+
+def _forward_flops(mc: mdm.Config, queries: int, keys: int) -> float:
+  """2·N·tokens of an MDM forward over `queries` tokens attending to `keys` (projections, MLP, LM head, scores)."""
+  d, k, h, g, f, n = mc.d_model, mc.kdim, mc.n_heads, mc.kv_heads, mc.d_ff, mc.n_layers
+  per_token = n * (2 * d * h * k + 2 * d * g * k + 3 * d * f) + d * mc.vocab_size
+  return 2.0 * queries * per_token + 4.0 * n * h * k * queries * keys
+
+
+def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
+  """Each method's jitted block decoder (`diffusion.decode_block`, `speculative.decode_block`: a block's
+  denoising forwards, or its draft-tree verifications, in one while loop), once per distinct static plan, with
+  abstract arguments (`experiments plan`): weights sharded as the run shards them (`tp` over `mesh`), prompts of
+  `PLAN_PROMPT_LEN` tokens, `eval_batch` rows. `steps` counts block calls (every batch and the compile-excluding
+  first one, each threshold of the sweep); `loop_trips` the forwards after a block's first: exact for vanilla (one
+  token a step), else from `PLAN_TOKENS_PER_STEP`. Only a checkpoint (`model_path`) is planned: the arithmetic
+  presets train a small model for seconds."""
+  if cfg.model_path is None:
+    return []
+  mc = hub.config(cfg.model_path, dtype="bfloat16").replace(dtype="bfloat16")
+  shapes = jax.eval_shape(lambda: mdm.init(mc, jax.random.key(0)))
+  shardings = shd.param_shardings(shapes, mesh, "tp", axes=mdm.AXES)
+  params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+  b, p, g, lb = cfg.eval_batch, PLAN_PROMPT_LEN, cfg.gen_length, cfg.block_length
+  length, blocks = p + g, g // lb
+  rows = plan_lib.batch(mesh, {"x": ((b, length), "int32"), "valid": ((b, length), "bool"),
+                               "pos": ((b, length), "int32"), "have": ((b,), "bool"), "at": ((b,), "int32"),
+                               "step": ((b,), "int32"),
+                               "tok": ((b, g), "int32"), "conf": ((b, g), "float32")})
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated)
+  on_cpu = mesh.devices.flat[0].platform == "cpu"
+  calls = (math.ceil(cfg.eval_examples / b) + 1) * (1 + len(cfg.sweep))
+  out = []
+  for method in cfg.methods:
+    kind, kw = decode_settings(method, cfg, cfg.threshold)
+    steps = kw["steps"] // blocks
+    if kind == "diffusion":
+      plans = [diffusion.make_plan(mc, length, p + i * lb, lb, steps, kw.get("threshold"), kw.get("cache"),
+                                   "low_confidence", 0.0) for i in range(blocks)]
+      fn = lambda plan: jax.jit(functools.partial(diffusion.decode_block, cfg=mc, plan=plan))
+      args = (params, rows["x"], rows["valid"], rows["pos"], scalar(jnp.int32), scalar(jax.random.key(0).dtype))
+    else:
+      kernel = kw["attention"] == "kernel" or (kw["attention"] == "auto" and not on_cpu)
+      plans = speculative.block_plans(mc, p, kernel=kernel, inter_block_gate=None, **{
+          k: kw.get(k) for k in ("steps", "gen_length", "block_length", "threshold", "cache", "strata", "acceptance",
+                                 "accept_threshold", "lookahead")})
+      fn = lambda sp: jax.jit(functools.partial(speculative.decode_block, cfg=mc, sp=sp))
+      hand = tuple(rows[k] for k in ("have", "at", "step", "tok", "conf"))
+      args = (params, rows["x"], rows["valid"], rows["pos"], scalar(jnp.int32), scalar(jnp.int32), hand)
+    per_step = 1 if kw.get("threshold") is None and kind == "diffusion" else PLAN_TOKENS_PER_STEP[kind]
+    trips = math.ceil(lb / per_step) - 1
+    counts = collections.Counter(plans)
+    for j, (plan, n) in enumerate(counts.items()):
+      base = plan if kind == "diffusion" else plan.base
+      copies = 1 if kind == "diffusion" else 1 + plan.window * len(plan.strata)
+      region = base.region_len
+      first = _forward_flops(mc, b * length, length)
+      later = _forward_flops(mc, b * copies * region, length + copies * region)
+      name = f"{method}.decode_block" + (f".{j}" if len(counts) > 1 else "")
+      out.append(plan_lib.Workload(name, "generate", fn(plan), args, n * calls, first + trips * later,
+                                   loop_trips=trips))
+  return out
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   results = {}
   if cfg.model_path is None:
@@ -250,6 +331,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   else:
     mc, params = hf.load(cfg.model_path, dtype=jnp.bfloat16)
     mc = mc.replace(dtype="bfloat16")
+    if cfg.mesh is not None:  # weights split over the mesh (`tp`: heads, MLP and vocabulary over "tensor")
+      params = shd.shard_params(params, shd.make_mesh(cfg.mesh), "tp", axes=mdm.AXES)
     batches, score = benchmark_batches(cfg, mc, out_dir)
   curves = {}
   for m in cfg.methods:

@@ -244,6 +244,26 @@ def decode_block(params, x_BL, valid_BL, pos_BL, block_start, block_index, hand,
   return st["x"], st["nfe"], st["fw"], st["commits"], (st["have"], st["at"], st["step"], st["tok"], st["conf"])
 
 
+def block_plans(cfg: mdm.Config, prompt_len: int, *, steps: int, gen_length: int, block_length: int,
+                threshold: float | None, cache: str | None, strata: tuple[float, ...], acceptance: str,
+                accept_threshold: float | None, lookahead: int, inter_block_gate: float | None,
+                kernel: bool) -> list[SpecPlan]:
+  """The static plan of each block's `decode_block` call (its jit key with `cfg`), in order, as `generate` makes
+  them for a prompt of `prompt_len` tokens."""
+  blocks = gen_length // block_length
+  default = 0.9 if threshold is None else threshold
+  out = []
+  for i in range(blocks):
+    base = dif.make_plan(cfg, prompt_len + gen_length, prompt_len + i * block_length, block_length, steps // blocks,
+                         threshold, cache, "low_confidence", 0.0)
+    window = 1 if cache == "dual" else min(1 + lookahead, blocks - i)
+    out.append(SpecPlan(base, prompt_len, strata, acceptance,
+                        float(default if accept_threshold is None else accept_threshold), window,
+                        cache is None and i < blocks - 1,
+                        float(default if inter_block_gate is None else inter_block_gate), kernel))
+  return out
+
+
 def generate(params, cfg: mdm.Config, prompt, *, steps: int, gen_length: int, block_length: int,
              threshold: float | None = None, cache: str | None = None, strata=(0.8, 0.6, 0.4, 0.2),
              acceptance: str = "exact", accept_threshold: float | None = None, lookahead: int = 1,
@@ -269,8 +289,7 @@ def generate(params, cfg: mdm.Config, prompt, *, steps: int, gen_length: int, bl
     DiffusionOutput; nfe counts the block-start forwards plus the verification forwards.
   """
   prompt = jnp.asarray(prompt, jnp.int32)
-  blocks = dif.check_args(cfg, prompt, steps, gen_length, block_length, threshold, cache, "low_confidence", 0.0,
-                          None)
+  dif.check_args(cfg, prompt, steps, gen_length, block_length, threshold, cache, "low_confidence", 0.0, None)
   if lookahead < 0:
     raise ValueError(f"lookahead must be >= 0, found {lookahead}")
   if acceptance not in ACCEPTANCE:
@@ -281,8 +300,10 @@ def generate(params, cfg: mdm.Config, prompt, *, steps: int, gen_length: int, bl
   strata = tuple(float(s) for s in strata)
   if not strata or any(a < b for a, b in zip(strata, strata[1:])):
     raise ValueError(f"strata must be a non-empty non-increasing tuple, found {strata}")
-  default = 0.9 if threshold is None else threshold
   b, p = prompt.shape
+  plans = block_plans(cfg, p, steps=steps, gen_length=gen_length, block_length=block_length, threshold=threshold,
+                      cache=cache, strata=strata, acceptance=acceptance, accept_threshold=accept_threshold,
+                      lookahead=lookahead, inter_block_gate=inter_block_gate, kernel=kernel)
   x = jnp.concatenate([prompt, jnp.full((b, gen_length), cfg.mask_token_id, jnp.int32)], axis=1)
   pm = jnp.ones((b, p), bool) if prompt_mask is None else jnp.asarray(prompt_mask, bool)
   valid = jnp.concatenate([pm, jnp.ones((b, gen_length), bool)], axis=1)
@@ -290,14 +311,8 @@ def generate(params, cfg: mdm.Config, prompt, *, steps: int, gen_length: int, bl
   nfe, forwards, commits = np.zeros(b, np.int64), 0, []
   hand = (jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32), jnp.zeros((b,), jnp.int32),
           jnp.zeros((b, gen_length), jnp.int32), jnp.zeros((b, gen_length), jnp.float32))
-  for i in range(blocks):
+  for i, sp in enumerate(plans):
     start = p + i * block_length
-    base = dif.make_plan(cfg, p + gen_length, start, block_length, steps // blocks, threshold, cache,
-                         "low_confidence", 0.0)
-    window = 1 if cache == "dual" else min(1 + lookahead, blocks - i)
-    sp = SpecPlan(base, p, strata, acceptance, float(default if accept_threshold is None else accept_threshold),
-                  window, cache is None and i < blocks - 1,
-                  float(default if inter_block_gate is None else inter_block_gate), kernel)
     x, n, f, c, hand = decode_block(params, x, valid, pos, jnp.int32(start), jnp.int32(i), hand, cfg=cfg,
                                     sp=sp)
     nfe += np.asarray(n)

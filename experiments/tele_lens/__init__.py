@@ -26,7 +26,8 @@ words; a template's are fixed text it reads, far more predictable (the last comm
   python -m experiments run tele_lens --preset smoke
   python -m experiments run tele_lens --preset cpu
   python -m experiments run tele_lens --preset cpu --set cot=template --set tasks=parity,cycle,subsum --set examples=48
-  python -m experiments run tele_lens --preset full --set model=PATH.gguf --set task_file=tasks.jsonl
+  python -m experiments run tele_lens --preset full  # after: hf download lxucs/tele-lens-llm \
+      --local-dir models/lxucs/tele-lens-llm
 
 Paper: arXiv 2602.02103. Code read beside it: lxucs/tele-lens @ a4b49ca7d4a1. Method, claims, presets and departures
 from the paper: experiments/tele_lens/README.md.
@@ -56,6 +57,7 @@ class Config:
   `task_file`, a JSONL of {"question", "answer", "task", "cot"} rows (the paper's task files converted, say),
   replaces the generated `tasks`; every answer must be one token."""
   model: str = "smollm2-135m-instruct"
+  dtype: Literal["float32", "bfloat16"] = "float32"  # the LM's weights as loaded
   tasks: tuple[str, ...] = ("parity", "cycle", "subsum", "syllogism", "ransom_note")
   examples: int = 32
   cot: Cot = "model"
@@ -105,7 +107,10 @@ PRESETS = {
     "smoke": Config(tasks=("parity", "syllogism"), examples=4, layers=(4, 15), uncertainty_layer=15, rank=32,
                     alpha=32.0, learning_rate=3e-3, epochs=2, max_cot_tokens=24),
     "cpu": Config(),
-    "full": Config(examples=400, epochs=20, sampled_cots=3, max_cot_tokens=256),
+    # the paper's model (Qwen2.5-7B-Instruct trained with GRPO, 28 layers) probed at a quarter of its depth apart,
+    # uncertainty and bypass at layer 21 as the paper reads them
+    "full": Config(model=registry.Hub("lxucs/tele-lens-llm"), dtype="bfloat16", examples=400, epochs=20, sampled_cots=3,
+                   max_cot_tokens=256, layers=(7, 14, 21, 28), uncertainty_layer=21),
 }
 
 

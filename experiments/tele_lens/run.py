@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import functools
 import json
+import math
 import os
 import re
 
@@ -12,12 +14,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import registry
-from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
+from experiments._shared.chat_models import chat_ids, load_chat_model, resolve_model, stop_tokens
+from experiments.runner import plan as plan_lib
 from jaxlab.data.tasks import reasoning
-from jaxlab.generate import sample
+from jaxlab.generate import sample, sampling
+from jaxlab.hf import hub
 from jaxlab.interp import probes
 from jaxlab.models import transformer as tfm
 from experiments.tele_lens import ANSWER_RE, Config, INSTRUCTION
+
+
+EXTRACT_BATCH = 8  # rows per hidden-state extraction batch (`probes.extract`'s default)
+READOUT_BATCH = 8  # rows per LM read-out batch (`_lm_readouts`)
+# Token widths `plan` assumes, which depend on the model's tokenizer and its CoTs (neither read by `plan`): the
+# chat-formatted questions (at most 310 characters, under a system turn) and a full row (prompt, a CoT of
+# max_cot_tokens, "\nAnswer:" and the answer) padded to a multiple of 32, the longest a batch can be.
+PLAN_PROMPT_WIDTH = 160
+PLAN_VOCAB_SUBSET = 8192  # the CoTs' distinct target tokens (the token probe's read-out columns)
 
 
 def questions(cfg: Config) -> list[reasoning.Example]:
@@ -156,19 +169,27 @@ def build(cfg: Config, tok, exs, cots: list[list[dict]] | None = None) -> list[d
   return rows
 
 
-def _lm_readouts(params, mcfg: tfm.Config, rows, answer_ids, batch: int = 8):
-  """Per row: self-certainty and log-prob of the next CoT token at each position, and the answer-word logits at
-  the answer slot (a plain forward; full-vocabulary logits never leave the device)."""
-  answer_ids = jnp.asarray(answer_ids, jnp.int32)
+@functools.lru_cache(maxsize=8)
+def readout_fn(mcfg: tfm.Config, answer_ids: tuple[int, ...]):
+  """The jitted LM read-out of `_lm_readouts`: `(params, tokens_BT, mask_BT)` -> (self-certainty [B, T], log-prob
+  of the next token [B, T - 1], answer-word logits [B, T, A]); weights are an argument, not constants folded into
+  the program."""
+  ids = np.asarray(answer_ids, np.int32)
 
   @jax.jit
-  def fn(params, tokens_BT, mask_BT):  # weights as an argument, not constants folded into the program
+  def fn(params, tokens_BT, mask_BT):
     logits = tfm.forward(params, tokens_BT, mcfg, attention_mask_BT=mask_BT).logits.astype(jnp.float32)
     logp = jax.nn.log_softmax(logits, -1)
     sc = -jnp.mean(logp, -1) - jnp.log(logp.shape[-1])
     nxt = jnp.take_along_axis(logp[:, :-1], tokens_BT[:, 1:, None], -1)[..., 0]
-    return sc, nxt, logits[..., answer_ids]
+    return sc, nxt, logits[..., ids]
+  return fn
 
+
+def _lm_readouts(params, mcfg: tfm.Config, rows, answer_ids, batch: int = READOUT_BATCH):
+  """Per row: self-certainty and log-prob of the next CoT token at each position, and the answer-word logits at
+  the answer slot (a plain forward; full-vocabulary logits never leave the device)."""
+  fn = readout_fn(mcfg, tuple(int(a) for a in answer_ids))
   out = []
   for i in range(0, len(rows), batch):
     part = rows[i:i + batch]
@@ -306,8 +327,78 @@ def _full_vocab_check(cfg: Config, p, pc, params, h, test, tok_targets, y_tokens
   return out
 
 
+def model_ref(spec: str) -> str:
+  """What `jaxlab.hf.hub` reads a model's architecture from: a repo id as given, else the model's path."""
+  return spec if hub.is_repo_id(spec) else resolve_model(spec)
+
+
+def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
+  """The LM's CoT generation (greedy, then sampled; `cot="model"`), the hidden-state extraction forward (once per
+  probed layer), the LM read-out forward and the probes' train step (token and answer probes, every layer), with
+  abstract arguments at the preset's shapes (`experiments plan`). The LM's weights are replicated, as the run holds
+  them on one device; rows are split over the mesh's batch axes. Widths are upper bounds (`PLAN_PROMPT_WIDTH`, a
+  full CoT), step counts those of `examples` questions per task, each CoT a full `max_cot_tokens` long."""
+  mcfg = hub.config(model_ref(cfg.model), dtype=cfg.dtype)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  rep = lambda tree: jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=replicated), tree)
+  params = rep(jax.eval_shape(lambda: tfm.init(mcfg, jax.random.key(0))))
+  n_q = cfg.examples * (1 if cfg.task_file else len(cfg.tasks))
+  cots = n_q * (1 + cfg.sampled_cots) if cfg.cot == "model" else n_q
+  fwd = lambda b, t: tfm.flops_per_token(mcfg, t) / 3 * b * t  # 2·N·tokens (+ attention)
+  out = []
+  if cfg.cot == "model":
+    b, t, new = cfg.generate_batch, PLAN_PROMPT_WIDTH, cfg.max_cot_tokens
+    rows = plan_lib.batch(mesh, {"tokens": ((b, t), "int32"), "mask": ((b, t), "int32")})
+    scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated)
+    key = scalar(jax.random.key(0).dtype)
+    for kind, greedy, calls in (("greedy", True, 1), ("sampled", False, cfg.sampled_cots)):
+      if not calls:
+        continue
+      fn = jax.jit(functools.partial(
+          sampling._generate, cfg=mcfg, max_new=new, greedy=greedy, top_k=None, use_top_p=False,
+          stop=(mcfg.eos_token_id,) if isinstance(mcfg.eos_token_id, int) else tuple(mcfg.eos_token_id or ()),
+          forward_fn=sampling.layer_list_forward, init_cache_fn=sampling.layer_list_cache, return_logits=False,
+          return_logprobs=False, unrolled=True))
+      args = (params, rows["tokens"], rows["mask"], None, key, scalar(jnp.float32), scalar(jnp.float32),
+              scalar(jnp.int32), scalar(jnp.int32))
+      flops = fwd(b, t) + sum(fwd(b, 1) + 4 * mcfg.n_layers * mcfg.n_heads * mcfg.kdim * b * (t + i)
+                              for i in range(1, new))
+      out.append(plan_lib.Workload(f"generate.{kind}", "generate", fn, args, math.ceil(n_q / b) * calls, flops,
+                                   loop_trips=new - 1))
+  width = -(-(PLAN_PROMPT_WIDTH + cfg.max_cot_tokens + 4) // 32) * 32
+  shape = (EXTRACT_BATCH, width)
+  rows = plan_lib.batch(mesh, {"tokens": (shape, "int32"), "mask": (shape, "int32")})
+  program = jax.ShapeDtypeStruct((mcfg.n_layers,), jnp.int32, sharding=replicated)
+  depth = sum(cfg.layers) / len(cfg.layers) / mcfg.n_layers  # the truncated programs run the first `layer` layers
+  out.append(plan_lib.Workload("extract_hidden", "forward", probes._hidden_fn(mcfg),
+                               (params, rows["tokens"], rows["mask"], program),
+                               math.ceil(cots / EXTRACT_BATCH) * len(cfg.layers), fwd(EXTRACT_BATCH, width) * depth))
+  words = [reasoning.TASKS[t].answers if t in reasoning.TASKS else reasoning.GYM_TASKS[t] for t in cfg.tasks]
+  answers = tuple(range(len({w for ws in words for w in ws})))  # the tasks' answer words (a task file's: as many)
+  shape = (READOUT_BATCH, width)
+  rows = plan_lib.batch(mesh, {"tokens": (shape, "int32"), "mask": (shape, "int32")})
+  out.append(plan_lib.Workload("lm_readout", "forward", readout_fn(mcfg, answers), (params, rows["tokens"],
+                               rows["mask"]), math.ceil(cots / READOUT_BATCH), fwd(READOUT_BATCH, width)))
+  positions = cots * (cfg.max_cot_tokens + 1)
+  steps = cfg.epochs * math.ceil(positions / 2 / cfg.batch_size) * len(cfg.layers)
+  for kind, cols, y in (("tokens", PLAN_VOCAB_SUBSET, (cfg.batch_size, cfg.horizon)),
+                        ("answer", len(answers), (cfg.batch_size,))):
+    pc = probes.Config(d_model=mcfg.d_model, rank=cfg.rank, alpha=cfg.alpha, horizon=cfg.horizon,
+                       learning_rate=cfg.learning_rate, kind=kind)
+    tx = probes.optimizer(pc)  # what `probes.train` builds its (cached) step with
+    p = rep(jax.eval_shape(lambda pc=pc: probes.init(pc, jax.random.key(0))))
+    batch = plan_lib.batch(mesh, {"h": ((cfg.batch_size, mcfg.d_model), "float32"), "y": (y, "int32"),
+                                  "w": ((cfg.batch_size,), "float32")})
+    head = jax.ShapeDtypeStruct((mcfg.d_model, cols), jnp.float32, sharding=replicated)
+    m = cfg.horizon if kind == "tokens" else 1
+    flops = 6.0 * cfg.batch_size * m * (2 * mcfg.d_model * cfg.rank) + 4.0 * cfg.batch_size * m * mcfg.d_model * cols
+    out.append(plan_lib.Workload(f"probe_train_step.{kind}", "train", probes._train_step(pc),
+                                 (p, rep(jax.eval_shape(tx.init, p)), batch, head), steps, flops))
+  return out
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # features are cached under out_dir; probes retrain in minutes
   exs = questions(cfg)  # a bad task_file fails here, before the model loads
-  mcfg, params, tok = load_chat_model(cfg.model)
+  mcfg, params, tok = load_chat_model(cfg.model, cfg.dtype)
   return run_with_model(cfg, out_dir, mcfg, params, tok, cfg.model, exs)
