@@ -11,6 +11,7 @@ background . <eos>" with the loss on the caption tokens.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import json
 import os
@@ -24,6 +25,7 @@ import optax
 from experiments._shared import recipes
 from experiments.runner.overrides import config_dict
 from jaxlab import hf, losses
+from jaxlab import sharding as shd
 from jaxlab.data import load_tokenizer
 from jaxlab.data.tasks import scenes as scenes_lib
 from jaxlab.models import transformer as tfm, vit, vlm
@@ -202,18 +204,97 @@ def load_artifacts(run_dir: str, train: TrainConfig | None = None) -> Artifacts 
   return Artifacts(cfg, params, load_tokenizer(d), hist, sc)
 
 
-def load_checkpoint(path: str) -> Artifacts:
-  """A LLaVA checkpoint directory (config.json, safetensors, tokenizer.json), with errors that name what is missing."""
+def load_checkpoint(path: str, param_dtype: str | None = None, dtype: str | None = None,
+                    remat: bool = False) -> Artifacts:
+  """A LLaVA checkpoint directory (config.json, safetensors, tokenizer.json), with errors that name what is missing;
+  with `param_dtype`, its params cast to it and the config's dtypes set by `with_dtypes`."""
   if not path or not os.path.isdir(path):
     raise ValueError(f"vlm_path must be an existing LLaVA checkpoint directory, found {path!r}")
   missing = [f for f in ("config.json", "tokenizer.json") if not os.path.exists(os.path.join(path, f))]
   if missing:
     raise FileNotFoundError(f"{path}: a LLaVA checkpoint directory needs config.json and tokenizer.json, "
                             f"missing {missing}")
-  cfg, params = hf.load(path)
+  cfg, params = hf.load(path, param_dtype)
   if not isinstance(cfg, vlm.Config):
     raise ValueError(f"{path}: expected a LLaVA (vision + connector + LM) checkpoint, found {type(cfg).__name__}")
+  if param_dtype is not None:
+    cfg = with_dtypes(cfg, param_dtype, dtype or param_dtype, remat)
   return Artifacts(cfg, params, load_tokenizer(path), {})
+
+
+# ------------------------------------------------------------------------------- a checkpoint on a mesh
+
+PROMPT_CHARS_PER_TOKEN = 3  # planning's estimate of a prompt's text tokens, with no tokenizer at hand
+
+
+def with_dtypes(cfg: vlm.Config, param_dtype: str, dtype: str, remat: bool = False) -> vlm.Config:
+  """`cfg` with the vision tower's and the LM's parameter and compute dtypes and `remat` set."""
+  return dataclasses.replace(cfg, vision=cfg.vision.replace(param_dtype=param_dtype, dtype=dtype, remat=remat),
+                             text=cfg.text.replace(param_dtype=param_dtype, dtype=dtype, remat=remat))
+
+
+def checkpoint_config(ref: str, param_dtype: str, dtype: str, remat: bool = False) -> vlm.Config:
+  """The VLM config of checkpoint `ref` (a directory, or a repo id whose architecture jaxlab ships:
+  `jaxlab.hf.hub.config`) as `load_checkpoint(ref, param_dtype, dtype, remat)` gives it, without its weights."""
+  from jaxlab.hf import hub
+  cfg = hub.config(ref)
+  if not isinstance(cfg, vlm.Config):
+    raise ValueError(f"{ref}: expected a LLaVA (vision + connector + LM) checkpoint, found {type(cfg).__name__}")
+  return with_dtypes(cfg, param_dtype, dtype, remat)
+
+
+def abstract_params(cfg: vlm.Config, mesh, strategy: str):
+  """ShapeDtypeStructs of `vlm.init(cfg)`'s params with their shardings on `mesh` by `strategy` (nothing allocated)."""
+  return shd.sharded_shapes(vlm.init, mesh, strategy, cfg, jax.random.PRNGKey(0), axes=vlm.AXES)
+
+
+def place(params, mesh, strategy: str):
+  """`params` of a VLM laid out on `mesh` by `strategy` (`jaxlab.sharding.shard_params` with `vlm.AXES`)."""
+  return shd.shard_params(params, mesh, strategy, axes=vlm.AXES)
+
+
+def rows_sharding(mesh, n: int):
+  """The sharding of an array of `n` rows: rows over the mesh's batch axes when they divide `n`, else replicated
+  (a forward pass over fewer rows than chips runs each row on every chip of its fsdp group)."""
+  from jax.sharding import NamedSharding, PartitionSpec
+  size = int(np.prod([mesh.shape[a] for a in shd.BATCH_AXES]))
+  return shd.batch_sharding(mesh) if n % size == 0 else NamedSharding(mesh, PartitionSpec())
+
+
+def abstract_rows(mesh, shapes: dict) -> dict:
+  """name -> ((shape), dtype) as ShapeDtypeStructs sharded by `rows_sharding` over their leading dimension."""
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sharding(mesh, shape[0]))
+          for k, (shape, dtype) in shapes.items()}
+
+
+def prompt_ids(tok, prompt: str, cfg: vlm.Config) -> list[int]:
+  """A prompt with one "<image>" as token ids: bos (if the tokenizer has one), the text before, the image tokens,
+  the text after."""
+  before, sep, after = prompt.partition("<image>")
+  if not sep:
+    raise ValueError(f"prompt must contain '<image>', found {prompt!r}")
+  return ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(before) + \
+      [cfg.image_token_id] * cfg.tokens_per_image + tok.encode(after)
+
+
+def planned_prompt(prompt: str, cfg: vlm.Config) -> list[int]:
+  """`prompt_ids` as planning sees it without a tokenizer: bos, `PROMPT_CHARS_PER_TOKEN` characters per text token
+  (ids 0), the image tokens where "<image>" stands."""
+  before, _, after = prompt.partition("<image>")
+  n = lambda text: -(-len(text) // PROMPT_CHARS_PER_TOKEN)
+  return [cfg.text.bos_token_id or 0] + [0] * n(before) + [cfg.image_token_id] * cfg.tokens_per_image + \
+      [0] * n(after)
+
+
+def forward_flops(cfg: vlm.Config, images: int, rows: int, seq_len: int, train: bool = False) -> float:
+  """2·N·tokens of a forward pass: the LM over `rows` x `seq_len` positions (`transformer.flops_per_token` / 3,
+  attention included) and the vision tower and connector over every patch of `images` images; with `train`,
+  6·N·tokens for the LM and the connector (the vision tower frozen: forward only)."""
+  shapes = jax.eval_shape(functools.partial(vlm.init, cfg), jax.random.PRNGKey(0))
+  count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+  per_image = 2.0 * (count(shapes["vision"]) * cfg.vision.seq_len + (3 if train else 1) * count(
+      shapes["connector"]) * cfg.tokens_per_image)
+  return tfm.flops_per_token(cfg.text, seq_len) / (1 if train else 3) * rows * seq_len + per_image * images
 
 
 def lm_data(texts: Sequence[str], tok, seq_len: int, prefix_loss: bool = False) -> dict:
@@ -254,6 +335,12 @@ def _vit(cfg: TrainConfig, train, pixels, out_dir, key):
   return params["vit"], h
 
 
+def scene_vlm_config(cfg: TrainConfig) -> vlm.Config:
+  """The scene VLM `train_vlm` trains: its ViT and text LM joined by a connector on the ViT's last layer."""
+  return vlm.Config(vision=cfg.vision, text=cfg.text, image_token_id=scenes_lib.vocabulary(cfg.scenes).index(
+      "<image>"), feature_layers=(-1,))
+
+
 def train_vlm(cfg: TrainConfig, out_dir: str, resume: bool = False) -> Artifacts:
   """Stages 1-3 (text LM, ViT, connector); each stage's model is saved under `out_dir/artifacts` and, with
   `resume`, loaded instead of trained again."""
@@ -283,7 +370,7 @@ def train_vlm(cfg: TrainConfig, out_dir: str, resume: bool = False) -> Artifacts
     vit_params, hist["vit"] = _vit(cfg, train, pixels, out_dir, jax.random.fold_in(key, 2))
     hf.save(stage_dirs["vit"], cfg.vision, vit_params, overwrite=True)
 
-  vcfg = vlm.Config(vision=cfg.vision, text=cfg.text, image_token_id=words.index("<image>"), feature_layers=(-1,))
+  vcfg = scene_vlm_config(cfg)
   params = {**vlm.init(vcfg, jax.random.fold_in(key, 3)), "vision": vit_params, "lm": lm_params}
   data = dict(caption_batch(train, tok, vcfg), pixels=pixels)
   tx, sched = _adamw(cfg.connector_lr, cfg.connector_steps)

@@ -27,15 +27,16 @@ the cpu preset therefore also reports the share over object patches only (`inter
 (`interpretable_specific.*`), besides the
 background-patch share, the top-1 share and the captioning model's teacher-forced accuracy on attribute words.
 
-The full preset runs the same evaluation on a real LLaVA checkpoint directory (`vlm_path`, with its
-tokenizer.json), images from a folder and an index corpus from a text file (one context per line), judging
-`full_patches_per_image` sampled patches per image; its judge is a callable given as "module:name" (a
-`jaxlab.evals.judge.Judge` of `JudgeItem`s: an LLM judge gets the image, the patch and the five words); without
-one it stops with an error.
+The full preset runs the same evaluation on a real LLaVA checkpoint (`vlm_path`: llava-hf/llava-1.5-7b-hf, or any
+LLaVA directory with its tokenizer.json; bf16, params sharded over the `mesh`), images from a folder and an index
+corpus from a text file (one context per line), judging `full_patches_per_image` sampled patches per image; its
+judge is a callable given as "module:name" (a `jaxlab.evals.judge.Judge` of `JudgeItem`s: an LLM judge gets the
+image, the patch and the five words); without one it stops with an error.
 
   python -m experiments run latentlens --preset cpu
-  python -m experiments run latentlens --preset full --set vlm_path=/ckpt/llava --set images_path=/imgs \\
-      --set corpus_path=/data/phrases.txt --set judge=mypkg.judges:GPTJudge
+  python -m experiments run latentlens --preset full --set images_path=/imgs \\
+      --set corpus_path=/data/phrases.txt --set judge=mypkg.judges:GPTJudge  # after its hf download
+  python -m experiments plan latentlens --preset full --topology v5e-8
 
 Paper: arXiv 2602.00462. Code read beside it: McGill-NLP/latentlens @ 36de5cbd1538. Method, claims, presets and
 departures from the paper: experiments/latentlens/README.md.
@@ -47,6 +48,7 @@ import dataclasses
 from experiments import registry
 from experiments._shared import vlm_pipeline as pipe
 from experiments.runner.claims import Claim
+from jaxlab import sharding as shd
 from jaxlab.interp import lenses
 
 
@@ -75,9 +77,14 @@ class Config:
   image_std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
   judge: str = ""  # "module:name" of a Judge (a class is instantiated without arguments)
   full_patches_per_image: int = 4  # full preset: patches judged per image (sampled)
+  index_batch: int = 32  # contexts per index forward pass
+  index_bucket: int = 64  # index passes' lengths are padded to a multiple of this
+  mesh: str | None = None  # a checkpoint's params laid out on this mesh (`jaxlab.sharding.make_mesh`); None: one device
+  strategy: shd.Strategy = "dp"  # and by these sharding rules
 
   def __post_init__(self):
-    for name in ("n_eval_scenes", "index_texts", "max_contexts", "top_k", "eval_batch", "full_patches_per_image"):
+    for name in ("n_eval_scenes", "index_texts", "max_contexts", "top_k", "eval_batch", "full_patches_per_image",
+                 "index_batch", "index_bucket"):
       if getattr(self, name) < 1:
         raise ValueError(f"latentlens.Config: {name} must be >= 1, found {getattr(self, name)}")
     if self.index_dtype not in lenses.DTYPES:
@@ -93,10 +100,18 @@ PRESETS = {
     "smoke": Config(),
     "cpu": Config(train=pipe.TRAIN_PRESETS["cpu"], n_eval_scenes=128, index_texts=3000, max_contexts=50,
                   eval_batch=32),
-    "full": Config(vlm_path=registry.Required("--set vlm_path=DIR"),
-                   images_path=registry.Required("--set images_path=DIR"),
-                   corpus_path=registry.Required("--set corpus_path=FILE"), n_eval_scenes=100, index_texts=1_000_000,
-                   max_contexts=20, index_dtype="float8_e4m3fn", eval_batch=8),
+    # LLaVA-1.5-7B: CLIP ViT-L/14-336 and a 7B LLaMA-family LM joined by an MLP connector, the paper's recipe in
+    # the LLaVA layout jaxlab loads (the paper's own VLMs are Molmo-codebase checkpoints)
+    "full": Config(vlm_path=registry.Hub("llava-hf/llava-1.5-7b-hf"),
+                   images_path=registry.Required(
+                       "--set images_path=DIR: a folder of images to judge (the paper judges PixMo-Cap images, "
+                       "listed by URL in hf download allenai/pixmo-cap --repo-type dataset)"),
+                   corpus_path=registry.Required(
+                       "--set corpus_path=FILE: one phrase a line (the paper indexes ~3M Visual Genome region "
+                       "descriptions: hf download ranjaykrishna/visual_genome --repo-type dataset, "
+                       "region_descriptions)"),
+                   n_eval_scenes=100, index_texts=1_000_000, max_contexts=20, index_dtype="float8_e4m3fn",
+                   eval_batch=8, mesh="fsdp:-1", strategy="fsdp"),
 }
 
 

@@ -2,6 +2,7 @@
 `experiments/latentlens/__init__.py`, the paper and its departures in `experiments/latentlens/README.md`)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from math import comb
@@ -12,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments._shared import vlm_pipeline as pipe
+from jaxlab import sharding as shd
 from jaxlab.data.tasks import scenes as scenes_lib
 from jaxlab.evals import judge as judge_lib
 from jaxlab.interp import lenses
@@ -59,24 +61,71 @@ def chance(scenes: scenes_lib.Scenes, n_words: int, k: int) -> float:
   return float(np.mean(out))
 
 
-def visual_states(params, cfg: vlm.Config, tokens_T: Sequence[int], pixels_BHWC, batch: int) -> np.ndarray:
-  """Hidden states of the visual tokens at every LM layer (HF convention): [L+1, N, P, D] float32."""
+FULL_DTYPE = "bfloat16"  # a checkpoint's params and compute
+
+
+def visual_fn(cfg: vlm.Config, tokens_T: Sequence[int]):
+  """Jitted fn(params, pixels [B, H, W, C]) -> the hidden states of the image tokens of the prompt `tokens_T` at
+  every LM layer (HF convention) [L+1, B, P, D]."""
   tokens_T = np.asarray(tokens_T, np.int32)
   pos = np.flatnonzero(tokens_T == cfg.image_token_id)
 
   @jax.jit
-  def fn(pix):
+  def fn(params, pix):
     toks = jnp.broadcast_to(jnp.asarray(tokens_T), (pix.shape[0], len(tokens_T)))
     return vlm.forward(params, toks, pix, cfg, capture=("hidden_states",)).lm.hidden_states[:, :, pos]
+  return fn
 
+
+def hidden_fn(text_cfg: tfm.Config):
+  """Jitted fn(lm params, tokens [B, T], mask [B, T]) -> hidden states [L+1, B, T, D]: the index's LM passes."""
+  @jax.jit
+  def fn(params, tokens_BT, mask_BT):
+    return tfm.forward(params, tokens_BT, text_cfg, attention_mask_BT=mask_BT, capture=("hidden_states",)).hidden_states
+  return fn
+
+
+def visual_states(params, cfg: vlm.Config, tokens_T: Sequence[int], pixels_BHWC, batch: int) -> np.ndarray:
+  """Hidden states of the visual tokens at every LM layer (HF convention): [L+1, N, P, D] float32."""
+  fn = visual_fn(cfg, tokens_T)
   out = []
   for i in range(0, len(pixels_BHWC), batch):
     chunk = np.asarray(pixels_BHWC[i:i + batch], np.float32)
     n = len(chunk)
     if n < batch:  # one compiled shape
       chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - n, 0)])
-    out.append(np.asarray(fn(jnp.asarray(chunk)), np.float32)[:, :n])
+    out.append(np.asarray(fn(params, jnp.asarray(chunk)), np.float32)[:, :n])
   return np.concatenate(out, axis=1)
+
+
+def vlm_config(cfg: Config) -> vlm.Config:
+  """The VLM a run at `cfg` evaluates, without weights: the checkpoint's (`vlm_path`) as the run loads it, else the
+  scene VLM of `cfg.train`."""
+  if cfg.vlm_path is None:
+    return pipe.scene_vlm_config(cfg.train)
+  return pipe.checkpoint_config(cfg.vlm_path, FULL_DTYPE, FULL_DTYPE)
+
+
+def workloads(cfg: Config, mesh) -> list:
+  """The index's LM passes (`hidden_fn`, one per `index_batch` contexts of `index_bucket` tokens: the length of a
+  short phrase) and the VLM passes over the judged images (`visual_fn`), with abstract arguments at the preset's
+  shapes (`experiments plan`; the prompt's length estimated by `vlm_pipeline.planned_prompt`). The lenses' top-k
+  searches are not jitted units and are not planned."""
+  from experiments.runner import plan as plan_lib
+  vcfg = vlm_config(cfg)
+  params = pipe.abstract_params(vcfg, mesh, cfg.strategy)
+  b, t = cfg.index_batch, cfg.index_bucket
+  idx = pipe.abstract_rows(mesh, {"tokens": ((b, t), "int32"), "mask": ((b, t), "int32")})
+  prompt = pipe.planned_prompt(cfg.prompt, vcfg) if cfg.vlm_path is not None else \
+      [1] + [vcfg.image_token_id] * vcfg.tokens_per_image
+  s = vcfg.vision.image_size
+  pix = pipe.abstract_rows(mesh, {"pixels": ((cfg.eval_batch, s, s, 3), "float32")})["pixels"]
+  return [plan_lib.Workload("index_forward", "forward", hidden_fn(vcfg.text), (params["lm"], idx["tokens"],
+                                                                                idx["mask"]),
+                            -(-cfg.index_texts // b), tfm.flops_per_token(vcfg.text, t) / 3 * b * t),
+          plan_lib.Workload("visual_forward", "forward", visual_fn(vcfg, prompt), (params, pix),
+                            -(-cfg.n_eval_scenes // cfg.eval_batch),
+                            pipe.forward_flops(vcfg, cfg.eval_batch, cfg.eval_batch, len(prompt)))]
 
 
 def lens_ids(lm_params, text_cfg: tfm.Config, hs_LNPD, index: lenses.LatentIndex, k: int,
@@ -132,12 +181,7 @@ def _full_inputs(cfg: Config, art: pipe.Artifacts):
       (s, s), Image.BICUBIC), np.float32) / 255.0 for f in files])
   with open(cfg.corpus_path) as f:
     texts = [line.strip() for line in f if line.strip()][:cfg.index_texts]
-  before, sep, after = cfg.prompt.partition("<image>")
-  if not sep:
-    raise ValueError(f"prompt must contain '<image>', found {cfg.prompt!r}")
-  tok = art.tokenizer
-  prompt = ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(before) + \
-      [art.cfg.image_token_id] * art.cfg.tokens_per_image + tok.encode(after)
+  prompt = pipe.prompt_ids(art.tokenizer, cfg.prompt, art.cfg)
   return images, pipe.normalize(images, cfg.image_mean, cfg.image_std), prompt, texts, files
 
 
@@ -267,28 +311,30 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     images, patches = scenes.images, None
   else:
     judge = judge_lib.load(cfg.judge, "the full preset (an LLM judge of patch descriptions)")
-    art = pipe.load_checkpoint(cfg.vlm_path)
+    art = pipe.load_checkpoint(cfg.vlm_path, FULL_DTYPE, FULL_DTYPE)
     images, pixels, prompt, texts, files = _full_inputs(cfg, art)
     record_splits(out_dir, None, texts, images=[_sha256(os.path.join(cfg.images_path, f)) for f in files])
     scenes, patches = None, "sample"
   tok, tcfg, vc = art.tokenizer, art.cfg.text, art.cfg.vision
+  params = art.params if cfg.mesh is None else pipe.place(art.params, shd.make_mesh(cfg.mesh), cfg.strategy)
   vocab = pipe.token_strings(tok, tcfg.vocab_size)
   layers = cfg.index_layers if cfg.index_layers is not None else default_index_layers(tcfg.n_layers)
   judged = cfg.judged_layers if cfg.judged_layers is not None else default_judged_layers(tcfg.n_layers)
   if max(judged) > tcfg.n_layers or max(layers) > tcfg.n_layers:
     raise ValueError(f"index_layers {layers} and judged_layers {judged} must be <= the LM's {tcfg.n_layers} layers")
   corpus = [tok.encode(t, add_bos=tok.bos_id is not None) for t in texts]
-  index = lenses.build_index(lenses.tfm_hidden_fn(art.params["lm"], tcfg), corpus, layers,
+  index = lenses.build_index(functools.partial(hidden_fn(tcfg), params["lm"]), corpus, layers,
                              max_contexts=cfg.max_contexts, seed=cfg.seed, dtype=cfg.index_dtype,
-                             decode=lambda i: vocab[i], pad_id=tok.pad_id or 0, bucket=64)
+                             decode=lambda i: vocab[i], pad_id=tok.pad_id or 0, batch_size=cfg.index_batch,
+                             bucket=cfg.index_bucket)
   index.save(os.path.join(pipe.artifacts_dir(out_dir), "index"))
-  hs = visual_states(art.params, art.cfg, prompt, pixels, cfg.eval_batch)
+  hs = visual_states(params, art.cfg, prompt, pixels, cfg.eval_batch)
   hs = hs[:, :, hs.shape[2] - vc.n_patches:]  # class and register tokens have no patch
   if isinstance(patches, str):
     rng = np.random.default_rng(cfg.seed)
     m = min(cfg.full_patches_per_image, vc.n_patches)
     patches = np.stack([rng.choice(vc.n_patches, size=m, replace=False) for _ in images])
-  ids, nb = lens_ids(art.params["lm"], tcfg, hs, index, cfg.top_k, judged)
+  ids, nb = lens_ids(params["lm"], tcfg, hs, index, cfg.top_k, judged)
   out = judge_layers(ids, vocab, images, vc.grid, judge, patches, judged)
   shares = out["shares"]
   for lens in LENSES:

@@ -16,12 +16,14 @@ intervention, in every layer at once and in one layer at a time: "noise_delta" (
 per-token norm in place of the attention update), "noise_qkv" (Gaussian Q/K/V weights with each matrix's own
 standard deviation) and "fixed_attention" (uniform weights over the keys the causal mask allows).
 
-The full preset takes a LLaVA checkpoint directory (`vlm_path`, with config.json, safetensors and tokenizer.json)
-and a JSON-lines file of {"image": path relative to the file, "caption": text} (`captions_path`); accuracy is
-then over every caption token. Missing or malformed paths stop the run with an error naming the path.
+The full preset takes a LLaVA checkpoint (`vlm_path`: llava-hf/llava-1.5-7b-hf, or any LLaVA directory with
+config.json, safetensors and tokenizer.json; bf16, params sharded over the `mesh`) and a JSON-lines file of
+{"image": path relative to the file, "caption": text} (`captions_path`); accuracy is then over every caption token
+(the first `max_caption_tokens`). Missing or malformed paths stop the run with an error naming the path.
 
   python -m experiments run lost_in_attention --preset cpu   # reuses runs/latentlens's VLM if trained alike
-  python -m experiments run lost_in_attention --preset full --set vlm_path=/ckpt/llava --set captions_path=c.jsonl
+  python -m experiments run lost_in_attention --preset full --set captions_path=c.jsonl  # after hf download
+  python -m experiments plan lost_in_attention --preset full --topology v5e-8
 
 Paper: arXiv 2605.05668. Code read beside it: none public. Method, claims, presets and departures from the paper:
 experiments/lost_in_attention/README.md.
@@ -33,6 +35,7 @@ import dataclasses
 from experiments import registry
 from experiments._shared import vlm_pipeline as pipe
 from experiments.runner.claims import Claim
+from jaxlab import sharding as shd
 
 
 IMAGE_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIP's
@@ -53,10 +56,13 @@ class Config:
   vlm_path: str | None = None
   captions_path: str | None = None
   prompt: str = "USER: <image>\nDescribe the image. ASSISTANT:"
+  max_caption_tokens: int = 64  # full preset: captions cut to this many tokens, every row padded to one length
+  mesh: str | None = None  # a checkpoint's params laid out on this mesh (`jaxlab.sharding.make_mesh`); None: one device
+  strategy: shd.Strategy = "dp"  # and by these sharding rules
   seed: int = 0
 
   def __post_init__(self):
-    for name in ("n_eval_scenes", "eval_batch"):
+    for name in ("n_eval_scenes", "eval_batch", "max_caption_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"lost_in_attention.Config: {name} must be >= 1, found {getattr(self, name)}")
     if self.noise_std is not None and self.noise_std < 0:
@@ -66,9 +72,12 @@ class Config:
 PRESETS = {
     "smoke": Config(),
     "cpu": Config(source="latentlens", train=pipe.TRAIN_PRESETS["cpu"], n_eval_scenes=128, eval_batch=32),
-    "full": Config(vlm_path=registry.Required("--set vlm_path=DIR"),
-                   captions_path=registry.Required("--set captions_path=FILE"),
-                   n_eval_scenes=256, eval_batch=8),
+    # LLaVA-1.5-7B (CLIP ViT-L/14-336, a 7B LLaMA-family LM), an LVLM of the kind the paper studies
+    "full": Config(vlm_path=registry.Hub("llava-hf/llava-1.5-7b-hf"),
+                   captions_path=registry.Required(
+                       "--set captions_path=FILE: JSON lines {\"image\": path relative to the file, \"caption\": "
+                       "text}, e.g. COCO val2017 images with captions_val2017.json (cocodataset.org)"),
+                   n_eval_scenes=256, eval_batch=8, mesh="fsdp:-1", strategy="fsdp"),
 }
 
 

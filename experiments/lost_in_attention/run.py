@@ -12,6 +12,7 @@ import numpy as np
 from experiments import registry
 from experiments._shared import vlm_pipeline as pipe
 from experiments.runner import splits
+from jaxlab import sharding as shd
 from jaxlab.data.tasks import scenes as scenes_lib
 from experiments.lost_in_attention import geometry
 from jaxlab.models import vlm
@@ -66,16 +67,13 @@ def _full_data(cfg: Config, art: pipe.Artifacts, rows: list[dict] | None = None)
       raise ValueError(f"{cfg.captions_path} row {i}: expected keys image and caption, found {r!r}")
     if not os.path.isfile(os.path.join(base, r["image"])):
       raise FileNotFoundError(f"{cfg.captions_path} row {i}: image {os.path.join(base, r['image'])} not found")
-  if "<image>" not in cfg.prompt:
-    raise ValueError(f"prompt must contain '<image>', found {cfg.prompt!r}")
-  s, tok, vc = art.cfg.vision.image_size, art.tokenizer, art.cfg
+  s, tok = art.cfg.vision.image_size, art.tokenizer
   images = np.stack([np.asarray(Image.open(os.path.join(base, r["image"])).convert("RGB").resize(
       (s, s), Image.BICUBIC), np.float32) / 255.0 for r in rows])
-  before, _, after = cfg.prompt.partition("<image>")
-  head = ([tok.bos_id] if tok.bos_id is not None else []) + tok.encode(before) + \
-      [vc.image_token_id] * vc.tokens_per_image + tok.encode(after)
-  seqs = [head + tok.encode(" " + r["caption"]) + ([tok.eos_id] if tok.eos_id is not None else []) for r in rows]
-  seq = pipe.pad_rows(seqs, max(map(len, seqs)), tok.pad_id or 0)
+  head = pipe.prompt_ids(tok, cfg.prompt, art.cfg)
+  seqs = [head + tok.encode(" " + r["caption"])[:cfg.max_caption_tokens] +
+          ([tok.eos_id] if tok.eos_id is not None else []) for r in rows]
+  seq = pipe.pad_rows(seqs, full_length(len(head), cfg), tok.pad_id or 0)
   inputs, targets = seq[:, :-1], seq[:, 1:]
   mask = np.zeros(targets.shape, np.int32)
   for i, q in enumerate(seqs):
@@ -84,15 +82,23 @@ def _full_data(cfg: Config, art: pipe.Artifacts, rows: list[dict] | None = None)
           "pixels": pipe.normalize(images, IMAGE_MEAN, IMAGE_STD)}
 
 
+def full_length(head: int, cfg: Config) -> int:
+  """Tokens of every full-preset row (inputs and targets one more): the prompt, the longest caption kept, eos."""
+  return head + cfg.max_caption_tokens + 1
+
+
 def _sha256(path: str) -> str:
   import hashlib
   with open(path, "rb") as f:
     return hashlib.sha256(f.read()).hexdigest()
 
 
+FULL_DTYPE = "bfloat16"  # a checkpoint's params and compute
+
+
 def _trained(cfg: Config, out_dir: str, resume: bool):
   if cfg.vlm_path is not None:
-    return pipe.load_checkpoint(cfg.vlm_path), "checkpoint"
+    return pipe.load_checkpoint(cfg.vlm_path, FULL_DTYPE, FULL_DTYPE), "checkpoint"
   for d in pipe.source_dirs(cfg.source, out_dir):
     art = pipe.load_artifacts(d, cfg.train)
     if art is not None:
@@ -112,16 +118,30 @@ def _chunks(batch: dict, size: int):
     yield {k: v[i:i + size] for k, v in batch.items()}
 
 
-def geometry_metrics(art: pipe.Artifacts, batch: dict, size: int) -> dict:
-  """{module: {metric: [L, N]}} over the first min_len positions of every sequence."""
+def geometry_fn(cfg: vlm.Config):
+  """Jitted fn(params, tokens [B, T], pixels) -> the LM's output with its hidden states and its attention and MLP
+  updates at every layer (what `geometry.metrics_from_output` reads)."""
+  return jax.jit(lambda p, t, x: vlm.forward(p, t, x, cfg, capture=("hidden_states", "attn_updates",
+                                                                      "mlp_updates")).lm)
+
+
+def predict_fn(cfg: vlm.Config):
+  """Jitted fn(params, tokens [B, T], pixels) -> the greedy next token at every position [B, T] (no intervention;
+  NoiseQKV changes only the params, so it runs this too)."""
+  return jax.jit(lambda p, t, x: jnp.argmax(vlm.forward(p, t, x, cfg).logits, -1))
+
+
+def geometry_metrics(art: pipe.Artifacts, batch: dict, size: int, params=None) -> dict:
+  """{module: {metric: [L, N]}} over the first min_len positions of every sequence; `params` (default
+  `art.params`) may be laid out on a mesh."""
   valid = batch["inputs"] != (art.tokenizer.pad_id or 0)
   valid[:, 0] = True
   min_len = int(valid.sum(1).min())
-  fn = jax.jit(lambda p, t, x: vlm.forward(p, t, x, art.cfg, capture=(
-      "hidden_states", "attn_updates", "mlp_updates")).lm)
+  fn = geometry_fn(art.cfg)
   out = {m: {} for m in MODULES}
   for b in _chunks(batch, size):
-    lm = fn(art.params, jnp.asarray(b["inputs"][:, :min_len]), jnp.asarray(b["pixels"]))
+    lm = fn(art.params if params is None else params, jnp.asarray(b["inputs"][:, :min_len]),
+            jnp.asarray(b["pixels"]))
     got = geometry.metrics_from_output(lm)
     for m in MODULES:
       for k, v in got[m].items():
@@ -129,28 +149,60 @@ def geometry_metrics(art: pipe.Artifacts, batch: dict, size: int) -> dict:
   return {m: {k: np.concatenate(v, axis=1) for k, v in d.items()} for m, d in out.items()}
 
 
-def accuracy(art: pipe.Artifacts, batch: dict, size: int, *, intervention=None, lm_params=None) -> float:
-  """Teacher-forced next-token accuracy over `score_mask`."""
-  p = art.params if lm_params is None else {**art.params, "lm": lm_params}
+def accuracy(art: pipe.Artifacts, batch: dict, size: int, *, intervention=None, lm_params=None, params=None,
+             predict=None) -> float:
+  """Teacher-forced next-token accuracy over `score_mask`; `params` (default `art.params`) may be laid out on a mesh,
+  `predict` is `predict_fn(art.cfg)` when the caller holds one (an intervention runs op by op)."""
+  p = art.params if params is None else params
+  p = p if lm_params is None else {**p, "lm": lm_params}
+  if intervention is None:
+    predict = predict or predict_fn(art.cfg)
+  else:
+    predict = lambda p, t, x: jnp.argmax(vlm.forward(p, t, x, art.cfg, intervention=intervention).logits, -1)
   hits, total = 0, 0
   for b in _chunks(batch, size):
-    logits = vlm.forward(p, jnp.asarray(b["inputs"]), jnp.asarray(b["pixels"]), art.cfg,
-                         intervention=intervention).logits
+    pred = predict(p, jnp.asarray(b["inputs"]), jnp.asarray(b["pixels"]))
     m = b["score_mask"] > 0
-    hits += int((np.asarray(jnp.argmax(logits, -1)) == b["targets"])[m].sum())
+    hits += int((np.asarray(pred) == b["targets"])[m].sum())
     total += int(m.sum())
   return hits / max(total, 1)
 
 
-def _intervene(name: str, art, key, layers, noise_std):
-  """(intervention, lm_params) for `name` applied in `layers`."""
+def _intervene(name: str, art, key, layers, noise_std, lm_params=None):
+  """(intervention, lm_params) for `name` applied in `layers` (of `lm_params`, default art.params["lm"])."""
   if name == "noise_delta":
     return geometry.noise_update(key, layers=layers, std=noise_std), None
   if name == "noise_qkv":
-    return None, geometry.gaussian_qkv(art.params["lm"], key, layers)
+    return None, geometry.gaussian_qkv(art.params["lm"] if lm_params is None else lm_params, key, layers)
   if name == "fixed_attention":
     return geometry.fixed_attention("uniform", layers=layers), None
   raise ValueError(f"unknown intervention {name!r}; expected one of {INTERVENTIONS}")
+
+
+def workloads(cfg: Config, mesh) -> list:
+  """The geometry pass (`geometry_fn`) and the accuracy passes (`predict_fn`; the interventions' passes have its
+  shapes and cost), with abstract arguments at the preset's shapes (`experiments plan`). A checkpoint's rows are
+  planned at the prompt's estimated length (`vlm_pipeline.planned_prompt`): the geometry over the prompt, the
+  accuracy over prompt + `max_caption_tokens` + eos; the scene VLM's at the longest caption of its scenes."""
+  from experiments.runner import plan as plan_lib
+  if cfg.vlm_path is None:
+    vcfg = pipe.scene_vlm_config(cfg.train)
+    head = 1 + vcfg.tokens_per_image
+    longest = head + max(len(c.split()) for c in eval_scenes(cfg, cfg.train.scenes).captions) + 1
+  else:
+    vcfg = pipe.checkpoint_config(cfg.vlm_path, FULL_DTYPE, FULL_DTYPE)
+    head = len(pipe.planned_prompt(cfg.prompt, vcfg))
+    longest = full_length(head, cfg)
+  params = pipe.abstract_params(vcfg, mesh, cfg.strategy)
+  b, s = cfg.eval_batch, vcfg.vision.image_size
+  x = pipe.abstract_rows(mesh, {"geometry": ((b, head), "int32"), "tokens": ((b, longest - 1), "int32"),
+                                "pixels": ((b, s, s, 3), "float32")})
+  chunks = -(-cfg.n_eval_scenes // b)
+  passes = 1 + len(INTERVENTIONS) * (1 + (vcfg.text.n_layers if cfg.per_layer else 0))
+  return [plan_lib.Workload("geometry_forward", "forward", geometry_fn(vcfg), (params, x["geometry"], x["pixels"]),
+                            chunks, pipe.forward_flops(vcfg, b, b, head)),
+          plan_lib.Workload("accuracy_forward", "forward", predict_fn(vcfg), (params, x["tokens"], x["pixels"]),
+                            chunks * passes, pipe.forward_flops(vcfg, b, b, longest - 1))]
 
 
 def _plots(out_dir: str, geo: dict, acc_layers: dict, acc: dict):
@@ -192,7 +244,9 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     batch = _scene_data(cfg, art, sc if art.scenes in (None, cfg.train.scenes) else None)
   n_layers = art.cfg.text.n_layers
   res = {"vlm": origin}
-  geo = geometry_metrics(art, batch, cfg.eval_batch)
+  params = art.params if cfg.mesh is None else pipe.place(art.params, shd.make_mesh(cfg.mesh), cfg.strategy)
+  predict = predict_fn(art.cfg)
+  geo = geometry_metrics(art, batch, cfg.eval_batch, params)
   for m in MODULES:
     for metric in ("rid", "mixig", "delta_s", "delta_d"):
       v = geo[m][metric]
@@ -201,16 +255,17 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
         for l in range(n_layers):
           res[f"{metric}.{m}.layer{l}"] = float(v[l].mean())
   key = jax.random.PRNGKey(cfg.seed + 7)
-  acc = {"none": accuracy(art, batch, cfg.eval_batch)}
+  acc = {"none": accuracy(art, batch, cfg.eval_batch, params=params, predict=predict)}
   acc_layers = {}
   for name in INTERVENTIONS:
-    iv, lm = _intervene(name, art, key, list(range(n_layers)), cfg.noise_std)
-    acc[name] = accuracy(art, batch, cfg.eval_batch, intervention=iv, lm_params=lm)
+    iv, lm = _intervene(name, art, key, list(range(n_layers)), cfg.noise_std, params["lm"])
+    acc[name] = accuracy(art, batch, cfg.eval_batch, intervention=iv, lm_params=lm, params=params, predict=predict)
     if cfg.per_layer:
       acc_layers[name] = []
       for l in range(n_layers):
-        iv, lm = _intervene(name, art, key, [l], cfg.noise_std)
-        acc_layers[name].append(accuracy(art, batch, cfg.eval_batch, intervention=iv, lm_params=lm))
+        iv, lm = _intervene(name, art, key, [l], cfg.noise_std, params["lm"])
+        acc_layers[name].append(accuracy(art, batch, cfg.eval_batch, intervention=iv, lm_params=lm, params=params,
+                                         predict=predict))
         res[f"accuracy.{name}.layer{l}"] = acc_layers[name][-1]
   for name, v in acc.items():
     res[f"accuracy.{name}"] = v

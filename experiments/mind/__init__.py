@@ -23,13 +23,14 @@ a third of the training questions carry a wrong hint, a third a right one. `corr
 given one of their negatives, the share where phase 2 says "wrong" and answers right. `mca_ablation.accuracy`:
 mind with alpha 0.
 
-The full preset takes a LLaVA checkpoint (`vlm_path`) and a RAD JSON-lines file per split (`train_path`,
+The full preset takes a LLaVA checkpoint (`vlm_path`: llava-hf/llava-1.5-7b-hf, fp32 params with bf16 compute and
+remat, the train state sharded over the `mesh`) and a RAD JSON-lines file per split (`train_path`,
 `test_path`; rows {"image", "question", "answer", "positives": [str], "negatives": [{"text", "flaw"}],
 "hint"?}, images relative to the file).
 
   python -m experiments run mind --preset cpu   # reuses runs/latentlens's VLM when trained with the same config
-  python -m experiments run mind --preset full --set vlm_path=/ckpt/llava --set train_path=t.jsonl \\
-      --set test_path=v.jsonl
+  python -m experiments run mind --preset full --set train_path=t.jsonl --set test_path=v.jsonl  # after hf download
+  python -m experiments plan mind --preset full --topology v5p-16
 
 Paper: arXiv 2512.05530. Code read beside it: YuChuang1205/MIND @ 9a545072c8bf. Method, claims, presets and
 departures from the paper: experiments/mind/README.md.
@@ -42,6 +43,7 @@ from experiments import registry
 from experiments._shared import vlm_pipeline as pipe
 from experiments.mind import rad
 from experiments.runner.claims import Claim
+from jaxlab import sharding as shd
 
 
 METHODS = ("sft_answer", "sft_rationale", "mind")
@@ -72,6 +74,8 @@ class Config:
   vlm_path: str | None = None
   train_path: str | None = None
   test_path: str | None = None
+  mesh: str | None = None  # a checkpoint's train state laid out on this mesh (`jaxlab.sharding.make_mesh`)
+  strategy: shd.Strategy = "dp"  # and by these sharding rules
   seed: int = 0
 
   def __post_init__(self):
@@ -91,10 +95,17 @@ PRESETS = {
     "cpu": Config(source="latentlens", train=pipe.TRAIN_PRESETS["cpu"], n_train_scenes=2000, n_test_scenes=150,
                   phase1_steps=400, phase2_steps=300, questions_per_step=4, lr=1e-3, warmup=20, eval_batch=50,
                   log_every=25),
-    "full": Config(vlm_path=registry.Required("--set vlm_path=DIR"),
-                   train_path=registry.Required("--set train_path=FILE: RAD JSON lines"),
-                   test_path=registry.Required("--set test_path=FILE: RAD JSON lines"), phase1_steps=2000,
-                   phase2_steps=1000, questions_per_step=8, lr=8e-5, warmup=100, seq_len=1024, eval_batch=8),
+    # LLaVA-1.5-7B in place of the paper's flan-alpaca-base (jaxlab loads LLaVA checkpoints): fp32 master params,
+    # bf16 compute, remat, the train state sharded over every chip
+    "full": Config(vlm_path=registry.Hub("llava-hf/llava-1.5-7b-hf"),
+                   train_path=registry.Required(
+                       "--set train_path=FILE: RAD JSON lines {image, question, answer, positives, negatives} built "
+                       "from MIND's RAD release (github.com/YuChuang1205/MIND) and the ScienceQA images (hf download "
+                       "derek-thomas/ScienceQA --repo-type dataset)"),
+                   test_path=registry.Required("--set test_path=FILE: RAD JSON lines of the test split (as "
+                                               "train_path)"),
+                   phase1_steps=2000, phase2_steps=1000, questions_per_step=8, lr=8e-5, warmup=100, seq_len=1024,
+                   eval_batch=8, mesh="fsdp:-1", strategy="fsdp"),
 }
 
 

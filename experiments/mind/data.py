@@ -167,6 +167,22 @@ def _round16(n: int) -> int:
   return -(-n // 16) * 16
 
 
+def decoder(cfg: vlm.Config, length: int, pad: int):
+  """The jitted greedy loop fn(params, tokens [B, length], lengths [B], pixels, max_new) -> tokens: `max_new` new
+  tokens written after each row's prompt (`lengths`), every step a full forward; image and `pad` ids never written."""
+  banned = jnp.asarray([cfg.image_token_id, pad])
+
+  def run(params, tokens_BT, lengths_B, pixels, max_new):
+    rows = jnp.arange(tokens_BT.shape[0])
+
+    def body(i, toks):
+      logits = vlm.forward(params, toks, pixels, cfg).logits[rows, lengths_B + i - 1].astype(jnp.float32)
+      nxt = jnp.argmax(logits.at[:, banned].set(-jnp.inf), -1).astype(toks.dtype)
+      return toks.at[rows, jnp.minimum(lengths_B + i, length - 1)].set(nxt)
+    return jax.lax.fori_loop(0, max_new, body, tokens_BT)
+  return jax.jit(run)
+
+
 class Encoder:
   """Token rows and greedy decoding for one tokenizer and VLM config."""
 
@@ -307,19 +323,9 @@ class Encoder:
     return self._sampler(arrays, scenes, split.pixels, groups, per_group, seed, pools)
 
   def _decoder(self, length: int):
-    """The jitted greedy loop for a token buffer of `length` (the number of new tokens is an argument)."""
+    """The jitted greedy loop for a token buffer of `length` (`decoder`)."""
     if length not in self._decode:
-      cfg, banned = self.cfg, jnp.asarray([self.cfg.image_token_id, self.pad])
-
-      def run(params, tokens_BT, lengths_B, pixels, max_new):
-        rows = jnp.arange(tokens_BT.shape[0])
-
-        def body(i, toks):
-          logits = vlm.forward(params, toks, pixels, cfg).logits[rows, lengths_B + i - 1].astype(jnp.float32)
-          nxt = jnp.argmax(logits.at[:, banned].set(-jnp.inf), -1).astype(toks.dtype)
-          return toks.at[rows, jnp.minimum(lengths_B + i, length - 1)].set(nxt)
-        return jax.lax.fori_loop(0, max_new, body, tokens_BT)
-      self._decode[length] = jax.jit(run)
+      self._decode[length] = decoder(self.cfg, length, self.pad)
     return self._decode[length]
 
   def generate(self, params, split: Split, given: Sequence[str] | None, batch: int, max_new: int,

@@ -2,16 +2,19 @@
 `experiments/mind/__init__.py`, the paper and its departures in `experiments/mind/README.md`)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from experiments._shared import recipes, vlm_pipeline as pipe
 from experiments.mind import data as data_lib, rad
 from experiments.runner import splits
 from jaxlab import losses
+from jaxlab import sharding as shd
 from jaxlab.data import load_tokenizer
 from jaxlab.data.tasks import scenes as scenes_lib
 from jaxlab.models import vlm
@@ -19,9 +22,15 @@ from jaxlab.train import loop as loop_lib, metrics as metrics_lib, schedules, st
 from experiments.mind import Config
 
 
+FULL_DTYPES = ("float32", "bfloat16")  # a checkpoint's params (AdamW's master copy) and compute dtype
+PLAN_TEST_QUESTIONS = 4241  # planning: questions of a test file (ScienceQA's test split, the paper's largest)
+PLAN_QUESTION_TOKENS = 64  # planning: a question's tokens (a phase-2 prompt's given rationale included)
+PLAN_NEW_TOKENS = 64  # planning: tokens generated per answer (rationale and answer)
+
+
 def _vlm(cfg: Config, out_dir: str, resume: bool):
   if cfg.vlm_path is not None:
-    return pipe.load_checkpoint(cfg.vlm_path), "checkpoint"
+    return pipe.load_checkpoint(cfg.vlm_path, *FULL_DTYPES, remat=True), "checkpoint"
   if not cfg.pretrained:
     words = scenes_lib.vocabulary(cfg.train.scenes)
     tok_dir = scenes_lib.save_tokenizer(os.path.join(out_dir, "scene_tokenizer"), words)
@@ -44,19 +53,36 @@ def _optimizer(cfg: Config):
   return recipes.optimizer(sched, "adamw", grad_clip=1.0, b2=0.98, weight_decay=1e-4), sched
 
 
-class Trainer:
-  """One jitted step per loss (CE only; CE + MCA), reused by every method and phase of the same shapes."""
+def train_steps(cfg: Config, vcfg: vlm.Config, tx, sched, mesh=None, state=None) -> dict:
+  """{"ce": step, "mca": step}: the jitted train steps of CE alone and of CE + alpha * MCA. With `mesh`, sharded like
+  `state` (arrays or ShapeDtypeStructs), the state donated and params cast to the compute dtype inside the loss."""
+  fns = {"ce": losses.mind_loss_fn(vcfg, alpha=0.0),
+         "mca": losses.mind_loss_fn(vcfg, alpha=cfg.alpha, margin=cfg.margin, top_k=cfg.top_k)}
+  if mesh is None:
+    return {k: jax.jit(step_lib.make_train_step(fn, tx, schedule=sched)) for k, fn in fns.items()}
+  return {k: recipes.train_step(fn, tx, state, mesh, cfg.strategy, axes=vlm.AXES,
+                                compute=recipes.compute_dtype(vcfg.text), schedule=sched) for k, fn in fns.items()}
 
-  def __init__(self, cfg: Config, vcfg, out_dir: str):
-    self.cfg, self.out_dir = cfg, out_dir
+
+class Trainer:
+  """One jitted step per loss (CE only; CE + MCA), reused by every method and phase of the same shapes; with
+  `mesh`, the state is sharded by `cfg.strategy` and each fit starts from a copy of its params (the step donates)."""
+
+  def __init__(self, cfg: Config, vcfg, out_dir: str, mesh=None):
+    self.cfg, self.out_dir, self.mesh = cfg, out_dir, mesh
     self.tx, sched = _optimizer(cfg)
-    ce = losses.mind_loss_fn(vcfg, alpha=0.0)
-    mca = losses.mind_loss_fn(vcfg, alpha=cfg.alpha, margin=cfg.margin, top_k=cfg.top_k)
-    self.steps = {"ce": jax.jit(step_lib.make_train_step(ce, self.tx, schedule=sched)),
-                  "mca": jax.jit(step_lib.make_train_step(mca, self.tx, schedule=sched))}
+    state = None if mesh is None else state_lib.abstract_state(functools.partial(vlm.init, vcfg), self.tx, mesh,
+                                                               cfg.strategy, axes=vlm.AXES)
+    self.steps = train_steps(cfg, vcfg, self.tx, sched, mesh, state)
 
   def fit(self, name: str, params, sampler, steps: int, loss: str = "ce"):
-    state = state_lib.create(params, self.tx, self.cfg.seed)
+    if self.mesh is None:
+      state = state_lib.create(params, self.tx, self.cfg.seed)
+    else:
+      sh = shd.param_shardings(params, self.mesh, self.cfg.strategy, axes=vlm.AXES)
+      params = jax.tree.map(lambda x, s: jax.device_put(x, s, may_alias=False), params, sh)
+      state = state_lib.state_from_params(params, self.tx, self.cfg.seed, self.mesh, self.cfg.strategy,
+                                          axes=vlm.AXES)
     step = self.steps[loss]
     with open(os.path.join(self.out_dir, "metrics.jsonl"), "a") as f:
       for s in range(steps):
@@ -69,6 +95,51 @@ class Trainer:
           f.write(metrics_lib.json_line({"stage": name, "step": s, "loss": float(m["loss"]),
                                          "grad_norm": float(m["grad_norm"])}))
     return state.params
+
+
+def vlm_config(cfg: Config) -> vlm.Config:
+  """The VLM a run at `cfg` fine-tunes, without weights: the checkpoint's (`vlm_path`) as the run loads it, else the
+  scene VLM of `cfg.train` with the RAD words added."""
+  if cfg.vlm_path is not None:
+    return pipe.checkpoint_config(cfg.vlm_path, *FULL_DTYPES, remat=True)
+  vcfg = pipe.scene_vlm_config(cfg.train)
+  vocab = -(-len(rad.vocabulary(cfg.train.scenes)) // 16) * 16
+  return vcfg.replace(text=vcfg.text.replace(vocab_size=max(vocab, vcfg.text.vocab_size)))
+
+
+def workloads(cfg: Config, mesh) -> list:
+  """The two train steps (`train_steps`: CE rows [questions_per_step, max_positives, seq_len], CE + MCA rows with the
+  4 negatives more, one image per row) and the greedy decoder (`data.decoder`), with abstract arguments at the
+  preset's shapes (`experiments plan`). Rows are planned at `seq_len` (with `trim_rows` a run pads to its longest
+  row, at most that); the decoder's buffer, new tokens and test questions are the `PLAN_*` estimates."""
+  from experiments.runner import plan as plan_lib
+  vcfg = vlm_config(cfg)
+  tx, sched = _optimizer(cfg)
+  state = state_lib.abstract_state(functools.partial(vlm.init, vcfg), tx, mesh, cfg.strategy, axes=vlm.AXES)
+  steps = train_steps(cfg, vcfg, tx, sched, mesh, state)
+  b, k, t, s = cfg.questions_per_step, cfg.rad.max_positives, cfg.seq_len, vcfg.vision.image_size
+  r = k + len(rad.FLAWS)
+  i32, f32 = "int32", "float32"
+  ce = plan_lib.batch(mesh, {"inputs": ((b, k, t), i32), "targets": ((b, k, t), i32), "loss_mask": ((b, k, t), i32),
+                             "pixels": ((b * k, s, s, 3), f32)})
+  mca = plan_lib.batch(mesh, {"inputs": ((b, r, t), i32), "targets": ((b, r, t), i32), "loss_mask": ((b, r, t), i32),
+                              "span_mask": ((b, r, t), i32), "anchor_mask": ((b, t), i32), "role": ((b, r), i32),
+                              "pixels": ((b * r, s, s, 3), f32)})
+  p1, p2 = cfg.phase1_steps, cfg.phase2_steps
+  e = cfg.eval_batch
+  length = min(t, -(-(1 + vcfg.tokens_per_image + PLAN_QUESTION_TOKENS + PLAN_NEW_TOKENS) // 16) * 16)
+  gen = pipe.abstract_rows(mesh, {"tokens": ((e, length), i32), "lengths": ((e,), i32),
+                                  "pixels": ((e, s, s, 3), f32)})
+  calls = 7 if cfg.vlm_path is not None else 11  # test split: 6 decodes + given negatives; + 4 on misleading cues
+  questions = PLAN_TEST_QUESTIONS if cfg.vlm_path is not None else cfg.n_test_scenes * len(cfg.rad.kinds)
+  return [plan_lib.Workload("train_step.ce", "train", steps["ce"], (state, ce), 3 * p1 + 4 * p2,
+                            pipe.forward_flops(vcfg, b * k, b * k, t, train=True)),
+          plan_lib.Workload("train_step.mca", "train", steps["mca"], (state, mca), p1,
+                            pipe.forward_flops(vcfg, b * r, b * r, t, train=True)),
+          plan_lib.Workload("generate", "generate", data_lib.decoder(vcfg, length, 0),
+                            (state.params, gen["tokens"], gen["lengths"], gen["pixels"],
+                             jax.ShapeDtypeStruct((), jnp.int32)), calls * -(-questions // e),
+                            PLAN_NEW_TOKENS * pipe.forward_flops(vcfg, e, e, length), PLAN_NEW_TOKENS)]
 
 
 def _accuracy(preds, answers) -> float:
@@ -116,8 +187,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                                                cfg.seed)
     enc = data_lib.Encoder(tok, vcfg, cfg.seq_len, cfg.trim_rows)
     train_q, test_q, test_mis = drawn if sc_cfg == cfg.train.scenes else data_lib.scene_splits(cfg, sc_cfg, seen)
-  trainer = Trainer(cfg, vcfg, out_dir)
-  k = max(len(q.positives) for q in train_q.questions)
+  trainer = Trainer(cfg, vcfg, out_dir, None if cfg.mesh is None else shd.make_mesh(cfg.mesh))
+  k = min(cfg.rad.max_positives, max(len(q.positives) for q in train_q.questions))
   b, steps = cfg.questions_per_step, cfg.phase1_steps + cfg.phase2_steps
   res = {"vlm": origin, "train.questions": len(train_q.questions), "test.questions": len(test_q.questions)}
   fit_seed = cfg.seed + 11

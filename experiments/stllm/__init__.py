@@ -20,11 +20,13 @@ that need both room and clip (`mean_both.<model>`), and corpus BLEU-4 and mean R
 (`bleu4.<task>.<model>`, `rouge_l.<task>.<model>`).
 
 The full preset takes the REA JSON, the point clouds and the EPIC-KITCHENS frames by path and a LLaVA-Video-class
-LM (a transformers directory with tokenizer.json); see experiments/stllm/full.py.
+LM (Qwen/Qwen2-7B-Instruct, or any transformers decoder directory with tokenizer.json); see
+experiments/stllm/full.py.
 
   python -m experiments run stllm --preset cpu
   python -m experiments run stllm --preset full --set rea_path=qa_train.json \\
-      --set rea_test_path=qa_val.json --set points_dir=PCD --set frames_dir=EPIC/rgb --set lm_path=/ckpt/lm
+      --set rea_test_path=qa_val.json --set points_dir=PCD --set frames_dir=EPIC/rgb  # after hf download of the LM
+  python -m experiments plan stllm --preset full --topology v5p-64
 
 Paper: arXiv 2507.05258. Code read beside it: zoezheng126/Spatio-Temporal-LLM @ b1b123badc68. Method, claims,
 presets and departures from the paper: experiments/stllm/README.md.
@@ -35,6 +37,7 @@ import dataclasses
 
 from experiments import registry
 from experiments.runner.claims import Claim
+from jaxlab import sharding as shd
 from experiments.stllm import model as model_lib
 from experiments.stllm import rooms
 
@@ -75,6 +78,8 @@ class Config:
   judge_path: str | None = None
   judge_new_tokens: int = 4
   judge_batch: int = 16
+  mesh: str | None = None  # full: every model's train state laid out on this mesh (`jaxlab.sharding.make_mesh`)
+  strategy: shd.Strategy = "dp"  # and by these sharding rules
   seed: int = 0
 
   def __post_init__(self):
@@ -105,10 +110,19 @@ PRESETS = {
                   d_model=64, n_layers=2, vit_width=32, patch=8, point_widths=(32, 64), point_centres=(64, 16),
                   n_latents=16, aligner_layers=2, n_train_rooms=1500, n_test_rooms=100, lm_rooms=4000,
                   lm_steps=800, steps=450, batch=24, lr=2e-3, warmup=30, eval_batch=100, log_every=50),
-    "full": Config(rea_path=registry.Required("--set rea_path=FILE"),
-                   rea_test_path=registry.Required("--set rea_test_path=FILE"),
-                   points_dir=registry.Required("--set points_dir=DIR"),
-                   frames_dir=registry.Required("--set frames_dir=DIR"), lm_path=registry.Required("--set lm_path=DIR"),
+    # the LM: Qwen2-7B-Instruct, the architecture of LLaVA-Video-7B-Qwen2's LM (whose checkpoint is not in a layout
+    # jaxlab loads); fp32 master params, bf16 compute, remat, the train state sharded over every chip
+    "full": Config(rea_path=registry.Required(
+                       "--set rea_path=FILE: REA's training questions (qa_train.json, from the data release linked "
+                       "at github.com/zoezheng126/Spatio-Temporal-LLM)"),
+                   rea_test_path=registry.Required("--set rea_test_path=FILE: REA's evaluation questions (qa_val.json, "
+                                                   "same release)"),
+                   points_dir=registry.Required("--set points_dir=DIR: the REA scene point clouds (.npy, same "
+                                                "release)"),
+                   frames_dir=registry.Required(
+                       "--set frames_dir=DIR: EPIC-KITCHENS-100 RGB frames (P01/P01_01/frame_%010d.jpg; the "
+                       "epic-kitchens-download-scripts at github.com/epic-kitchens)"),
+                   lm_path=registry.Hub("Qwen/Qwen2-7B-Instruct"), mesh="fsdp:-1", strategy="fsdp",
                    room=rooms.RoomConfig(points_per_furniture=256, points_per_object=64, image_size=336,
                                          n_frames=16),
                    vit_width=1152, patch=14, point_widths=(256, 768), point_centres=(512, 128), ray_freqs=127,

@@ -7,7 +7,8 @@ xyz, rgb in 0..255), "conversations": [{"value": question}, {"value": answer}], 
 "query_stop_frame", and the task as "question_type" or "task"}, optional "c2ws": a folder of "<frame>.txt" 4x4
 camera-to-world matrices}. Frames: `frames_dir/<P01>/<P01_01>/frame_%010d.jpg` (or `frames_dir/<P01_01>/...`),
 `room.n_frames` sampled uniformly from start to stop. The LM: a transformers directory with config.json,
-safetensors and tokenizer.json; the video and point placeholders take the last two ids of its embedding table.
+safetensors and tokenizer.json (the preset's Qwen/Qwen2-7B-Instruct once downloaded), loaded as `lm_config` says;
+the video and point placeholders take the last two ids of its embedding table.
 """
 from __future__ import annotations
 
@@ -119,15 +120,24 @@ def load_split(path: str, cfg) -> rea.Data:
   return rea.Data(qs, np.stack(xyz), np.stack(rgb), np.stack(mask), np.stack(frames), np.stack(c2ws), [])
 
 
+PARAM_DTYPE, COMPUTE_DTYPE = "float32", "bfloat16"  # the LM's params (AdamW's master copy) and compute dtype
+
+
+def lm_config(text):
+  """The LM's config as the full preset trains it: fp32 params, bf16 compute, each layer rematerialized."""
+  return text.replace(param_dtype=PARAM_DTYPE, dtype=COMPUTE_DTYPE, remat=True)
+
+
 def load(cfg):
   """(train, test, tokenizer, LM config, LM params, video id, points id) of the full preset."""
   from jaxlab import hf
   from jaxlab.data import load_tokenizer
   from jaxlab.models import transformer as tfm
   check_paths(cfg)
-  text, params = hf.load(cfg.lm_path)
+  text, params = hf.load(cfg.lm_path, PARAM_DTYPE)
   if not isinstance(text, tfm.Config):
     raise ValueError(f"lm_path {cfg.lm_path}: expected a decoder LM checkpoint, found {type(text).__name__}")
+  text = lm_config(text)
   tok = load_tokenizer(cfg.lm_path)
   return (load_split(cfg.rea_path, cfg), load_split(cfg.rea_test_path, cfg), tok, text, params,
           text.vocab_size - 1, text.vocab_size - 2)

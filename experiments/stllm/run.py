@@ -2,16 +2,19 @@
 `experiments/stllm/__init__.py`, the paper and its departures in `experiments/stllm/README.md`)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from experiments._shared import recipes, vlm_pipeline as pipe
 from experiments.runner import splits
 from experiments.stllm import data as data_lib, full, judge as judge_lib, model as model_lib, rea
 from jaxlab import losses
+from jaxlab import sharding as shd
 from jaxlab.data import load_tokenizer
 from jaxlab.data.tasks import scenes as scenes_lib
 from experiments.stllm import rooms
@@ -44,11 +47,35 @@ def point_features(d: rea.Data, size: float) -> rea.Data:
   return d._replace(rgb=np.concatenate([d.rgb, d.xyz / size - 0.5], -1).astype(np.float32))
 
 
-def _fit(name, loss, params, sampler, steps, lr, warmup, log_every, out_dir, seed):
+PLAN_QUESTION_TOKENS = 64  # planning: a question's tokens (the file decides at run time)
+PLAN_ANSWER_TOKENS = 32  # planning: the longest answer's tokens + eos, the new tokens of greedy decoding
+PLAN_TEST_QUESTIONS = 1000  # planning: questions of the evaluation file
+
+
+def _optimizer(lr, steps, warmup):
+  """(schedule, AdamW with clipping): warmup then cosine to 0.1x."""
   sched = schedules.get("cosine", lr, steps, warmup, 0.1)
-  tx = recipes.optimizer(sched, "adamw", grad_clip=1.0, b2=0.98, weight_decay=1e-4)
-  step = jax.jit(step_lib.make_train_step(loss, tx, schedule=sched))
-  state = state_lib.create(params, tx, seed)
+  return sched, recipes.optimizer(sched, "adamw", grad_clip=1.0, b2=0.98, weight_decay=1e-4)
+
+
+def train_step(loss, tx, sched, mesh=None, strategy: str = "dp", state=None, compute=None):
+  """The jitted train step of `loss`; with `mesh`, sharded like `state` (arrays or ShapeDtypeStructs) by the
+  models' axes, the state donated, params cast to `compute` inside the loss."""
+  if mesh is None:
+    return jax.jit(step_lib.make_train_step(loss, tx, schedule=sched))
+  return recipes.train_step(loss, tx, state, mesh, strategy, axes=model_lib.AXES, compute=compute, schedule=sched)
+
+
+def _fit(name, loss, params, sampler, steps, lr, warmup, log_every, out_dir, seed, mesh=None, strategy="dp",
+         compute=None):
+  sched, tx = _optimizer(lr, steps, warmup)
+  if mesh is None:
+    state = state_lib.create(params, tx, seed)
+  else:  # a copy: the step donates its state, and the LM's params start every model
+    sh = shd.param_shardings(params, mesh, strategy, axes=model_lib.AXES)
+    params = jax.tree.map(lambda x, s: jax.device_put(x, s, may_alias=False), params, sh)
+    state = state_lib.state_from_params(params, tx, seed, mesh, strategy, axes=model_lib.AXES)
+  step = train_step(loss, tx, sched, mesh, strategy, state, compute)
   with open(os.path.join(out_dir, "metrics.jsonl"), "a") as f:
     for s in range(steps):
       state, m = step(state, next(sampler))
@@ -60,6 +87,78 @@ def _fit(name, loss, params, sampler, steps, lr, warmup, log_every, out_dir, see
         f.write(metrics_lib.json_line({"stage": name, "step": s, "loss": float(m["loss"])}))
         f.flush()
   return state.params
+
+
+def _flops(mcfg: model_lib.ModelConfig, rows: int, length: int, train: bool) -> float:
+  """6·N·tokens (train) or 2·N·tokens of one model over `rows` rows of `length` tokens: the LM over the rows and the
+  prefix (`transformer.flops_per_token`), each encoder's and connector's params over the inputs they see (ViT: every
+  frame's tokens; point encoders: every point; Q-Former: its latents, the video tokens and the row as queries)."""
+  shapes = jax.eval_shape(functools.partial(model_lib.init, mcfg), jax.random.PRNGKey(0))
+  count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+  t = length + mcfg.n_prefix
+  per_row = tfm.flops_per_token(mcfg.text, t) * t
+  n = mcfg.points.n_points
+  if mcfg.uses_video:
+    v = shapes["video"]
+    per_row += 6 * (count(v["encoder"]) * mcfg.video.n_frames * mcfg.video.features.vision.seq_len +
+                    count(v["connector"]) * mcfg.video_tokens)
+  if mcfg.point_tokens:
+    per_row += 6 * (count(shapes["points"]["encoder"]) * n + count(shapes["points"]["connector"]) * mcfg.point_tokens)
+  if mcfg.n_prefix:
+    a = shapes["aligner"]
+    per_row += 6 * (count(a["points"]) * n + count(a["qformer"]) * (mcfg.n_prefix + mcfg.video_tokens + length))
+  return per_row * rows / (1 if train else 3)
+
+
+def _row_shapes(rc: rooms.RoomConfig, mcfg: model_lib.ModelConfig, n: int, length: int,
+                keys=("tokens", "targets", "loss_mask", "question_mask")) -> dict:
+  """name -> (shape, dtype) of `n` rows of `data.Rows` batches: the token arrays named by `keys` and the inputs the
+  model reads (frames; points with their full-preset features: rgb and the normalized position)."""
+  shapes = {"tokens": ((n, length), "int32"), "targets": ((n, length), "int32"), "loss_mask": ((n, length), "int32"),
+            "question_mask": ((n, length), "bool")}
+  shapes = {k: shapes[k] for k in keys}
+  if mcfg.uses_video:
+    shapes["frames"] = ((n, rc.n_frames, rc.image_size, rc.image_size, 3), "float32")
+  if mcfg.point_tokens or mcfg.n_prefix:
+    shapes.update(xyz=((n, rc.n_points, 3), "float32"), rgb=((n, rc.n_points, 6), "float32"),
+                  mask=((n, rc.n_points), "bool"), c2w=((n, rc.n_frames, 4, 4), "float32"))
+  return shapes
+
+
+def workloads(cfg: Config, mesh) -> list:
+  """Each model's train step (`train_step`) and greedy decoding (`model.greedy`), with abstract arguments at the
+  preset's shapes (`experiments plan`). The full preset's LM is `lm_path`'s architecture (`jaxlab.hf.hub.config`) as
+  `full.lm_config` trains it; its rows are planned at the `PLAN_*` question and answer lengths (the REA files
+  decide them at run time), after the video and point placeholders. The cpu presets' word-level LM pretraining is
+  not planned."""
+  from experiments.runner import plan as plan_lib
+  from jaxlab.hf import hub
+  if cfg.lm_path is None:
+    raise ValueError("stllm plans its full preset (a checkpoint's LM, `lm_path`); the cpu presets' LM is trained "
+                     "by the run")
+  text = full.lm_config(hub.config(cfg.lm_path))
+  vid, pid = text.vocab_size - 1, text.vocab_size - 2
+  sched, tx = _optimizer(cfg.lr, cfg.steps, cfg.warmup)
+  rc, b, e = cfg.room, cfg.batch, cfg.eval_batch
+  out = []
+  for kind in MODELS:
+    mcfg = model_config(cfg, kind, text, vid, pid)
+    length = -(-(1 + mcfg.video_tokens + mcfg.point_tokens + PLAN_QUESTION_TOKENS + PLAN_ANSWER_TOKENS) // 8) * 8
+    state = state_lib.abstract_state(functools.partial(model_lib.init, mcfg), tx, mesh, cfg.strategy,
+                                     axes=model_lib.AXES)
+    step = train_step(model_lib.loss_fn(mcfg), tx, sched, mesh, cfg.strategy, state, recipes.compute_dtype(text))
+    out.append(plan_lib.Workload(f"train_step.{kind}", "train", step,
+                                 (state, plan_lib.batch(mesh, _row_shapes(rc, mcfg, b, length))), cfg.steps,
+                                 _flops(mcfg, b, length, True)))
+    gen = pipe.abstract_rows(mesh, {**_row_shapes(rc, mcfg, e, length, ("tokens", "question_mask")),
+                                    "lengths": ((e,), "int32")})
+    lengths = gen.pop("lengths")
+    banned = tuple(sorted({text.pad_token_id or 0, text.bos_token_id or 0, vid, pid}))
+    out.append(plan_lib.Workload(f"generate.{kind}", "generate", model_lib.greedy(mcfg, banned),
+                                 (state.params, gen, lengths, jax.ShapeDtypeStruct((), jnp.int32)),
+                                 -(-PLAN_TEST_QUESTIONS // e), PLAN_ANSWER_TOKENS * _flops(mcfg, e, length, False),
+                                 PLAN_ANSWER_TOKENS))
+  return out
 
 
 def lm_corpus(cfg: Config) -> list[tuple[rooms.Room, list]]:
@@ -146,6 +245,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     lm_params = _lm(cfg, tok, text, out_dir, corpus)
     vid, pid = tok.encode("<image>")[0], tok.encode(rea.POINTS)[0]
   train, test = (point_features(d, cfg.room.size) for d in (train, test))
+  mesh = None if cfg.mesh is None else shd.make_mesh(cfg.mesh)
   res = {"train.questions": len(train.questions), "test.questions": len(test.questions),
          "scorer": "exact" if cfg.judge_path is None else "judge"}
   max_new = data_lib.answer_length(train.questions + test.questions, tok)
@@ -156,7 +256,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     # one key for every model: the parts they share (video encoder, point encoder) start equal
     params = model_lib.init(mcfg, jax.random.PRNGKey(cfg.seed + 100), lm_params)
     params = _fit(kind, model_lib.loss_fn(mcfg), params, rows.sampler(cfg.batch, cfg.seed + 11), cfg.steps, cfg.lr,
-                  cfg.warmup, cfg.log_every, out_dir, cfg.seed)
+                  cfg.warmup, cfg.log_every, out_dir, cfg.seed, mesh, cfg.strategy, recipes.compute_dtype(text))
     samples[kind] = data_lib.Rows(tok, mcfg, test, max_new).generate(
         params, model_lib.greedy(mcfg, data_lib.banned(tok, mcfg)), min(cfg.eval_batch, len(test.questions)))
   judge = None if cfg.judge_path is None else judge_lib.LMJudge(cfg.judge_path, cfg.judge_new_tokens,

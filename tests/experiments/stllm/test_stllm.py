@@ -169,7 +169,7 @@ def test_full_preset_paths_are_one_line_errors(tmp_path):
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 2, proc.stderr[-2000:]
   err = proc.stderr.strip().splitlines()
-  assert len(err) == 1 and "stllm --preset full: rea_path is required (--set rea_path=FILE)" in err[0]
+  assert len(err) == 1 and "stllm --preset full: rea_path is required (--set rea_path=FILE" in err[0]
   assert not (tmp_path / "runs").exists()
   bad = tmp_path / "rea.json"
   bad.write_text(json.dumps([{"scene_id": "P01_01", "pointcloud": "a.npy", "conversations": [{"value": "q"}]}]))
