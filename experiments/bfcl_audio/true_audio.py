@@ -72,11 +72,19 @@ def init_connector(mcfg: multimodal.Config, seed: int) -> dict:
                                    std=mcfg.text.init_std, dtype=jnp.float32)
 
 
-def featurizer(whisper_params, mcfg: multimodal.Config, batch: int = 8):
+FEATURE_BATCH = 8  # clips per call of the frozen encoder
+
+
+def features_fn(mcfg: multimodal.Config):
+  """The jitted frozen-encoder pass `featurizer` runs: (Whisper params, mels [B, n_mels, 3000]) -> [B, N, E]."""
+  return jax.jit(lambda p, m: multimodal.whisper_features(p, m, mcfg.encoder_cfg))
+
+
+def featurizer(whisper_params, mcfg: multimodal.Config, batch: int = FEATURE_BATCH):
   """clips (16 kHz) -> (features [n, N, E] of their first 30 s window, whether each was longer than the kept
   `n_tokens * pool` encoder positions)."""
   wc = mcfg.encoder_cfg
-  fn = jax.jit(lambda p, m: multimodal.whisper_features(p, m, wc))
+  fn = features_fn(mcfg)
   kept_s = wc.n_tokens * wc.pool * 2 * mel_lib.HOP / mel_lib.SAMPLE_RATE
 
   def features(clips):
@@ -111,12 +119,24 @@ def align_batch(prompt: list[int], texts, tok, stop_id: int, max_tokens: int) ->
   return {"inputs": seq[:, :-1], "targets": seq[:, 1:], "loss_mask": mask}
 
 
-def train_connector(mcfg: multimodal.Config, lm_params, connector, data: dict, *, steps: int, batch: int,
-                    lr: float, seed: int, metrics_path: str | None = None):
-  """AdamW (10% warmup, cosine) on the connector alone through the frozen LM; data: align_batch's arrays plus
-  features. Returns (connector, loss history)."""
+def connector_optimizer(steps: int, lr: float):
+  """(schedule, tx): AdamW (10% warmup, cosine) on the connector alone, zero updates for the frozen LM."""
   schedule = schedules.get("cosine", lr, steps, max(1, steps // 10), 0.1)
-  tx = vlm.connector_only(recipes.optimizer(schedule, "adamw", grad_clip=1.0, weight_decay=0.0))
+  return schedule, vlm.connector_only(recipes.optimizer(schedule, "adamw", grad_clip=1.0, weight_decay=0.0))
+
+
+def connector_loss(mcfg: multimodal.Config):
+  """The alignment loss: next-token loss on the answer, gradients to the connector alone."""
+  return losses.multimodal_loss_fn(mcfg, freeze=True)
+
+
+def train_connector(mcfg: multimodal.Config, lm_params, connector, data: dict, *, steps: int, batch: int,
+                    lr: float, seed: int, metrics_path: str | None = None, mesh=None):
+  """`connector_optimizer`'s AdamW on the connector alone through the frozen LM (`recipes.fit` of
+  `connector_loss`); data: align_batch's arrays plus features, batch rows placed on `mesh` as `shard_rows` places
+  them. Returns (connector, loss history)."""
+  from experiments._shared.chat_models import shard_rows
+  schedule, tx = connector_optimizer(steps, lr)
   # the step donates its state, which holds copies, so the caller's params stay alive
   state = state_lib.create(jax.tree.map(jnp.copy, {"connector": connector, "lm": lm_params}), tx, seed)
   rng = np.random.default_rng(seed)
@@ -125,9 +145,9 @@ def train_connector(mcfg: multimodal.Config, lm_params, connector, data: dict, *
   def batches():
     while True:
       idx = rng.choice(n, batch, replace=n < batch)
-      yield {k: jnp.asarray(v[idx]) for k, v in data.items()}
+      yield shard_rows({k: jnp.asarray(v[idx]) for k, v in data.items()}, mesh)
 
-  res, _ = recipes.fit(state, losses.multimodal_loss_fn(mcfg, freeze=True), tx, batches(), steps,
+  res, _ = recipes.fit(state, connector_loss(mcfg), tx, batches(), steps,
                        schedule=schedule, metrics_path=metrics_path, log_every=max(1, steps // 20),
                        desc="connector")
   return res.state.params["connector"], [float(r["loss"]) for r in res.history if "loss" in r]
@@ -215,9 +235,9 @@ def align_items(cfg, exclude_ids, exclude_texts=()) -> list[dict]:
 
 
 def build(cfg, loaded, asr_model, generate, out_dir: str, exclude_ids, resume: bool = False,
-          exclude_texts=()) -> SpeechLLM:
-  """Trains (or, with `resume`, reloads) the connector on `align_items(cfg, exclude_ids, exclude_texts)` and
-  returns the speech LLM."""
+          exclude_texts=(), mesh=None) -> SpeechLLM:
+  """Trains (or, with `resume`, reloads) the connector on `align_items(cfg, exclude_ids, exclude_texts)` (rows on
+  `mesh`, where the LM's params are) and returns the speech LLM."""
   lm_cfg, lm_params, tok = loaded
   pid = audio_token_id(tok, cfg.audio_token)
   mcfg = model_config(lm_cfg, asr_model.cfg, cfg, pid)
@@ -242,7 +262,7 @@ def build(cfg, loaded, asr_model, generate, out_dir: str, exclude_ids, resume: b
           f" {cfg.align_steps} steps of {cfg.align_batch}", flush=True)
     connector, hist = train_connector(mcfg, lm_params, init_connector(mcfg, cfg.seed), data, steps=cfg.align_steps,
                                       batch=cfg.align_batch, lr=cfg.align_lr, seed=cfg.seed,
-                                      metrics_path=os.path.join(out_dir, "metrics_connector.jsonl"))
+                                      metrics_path=os.path.join(out_dir, "metrics_connector.jsonl"), mesh=mesh)
     record = {"settings": meta, "history": hist, "clips": len(items), "train_s": time.time() - t0}
     save_connector(art, connector, record)
   else:

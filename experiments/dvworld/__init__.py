@@ -83,9 +83,16 @@ SMOKE_TASKS = ("tips_bar", "gapminder_line", "cars_scatter")
 PRESETS = {
     "smoke": Config(tasks=SMOKE_TASKS, sheet_tasks=SMOKE_TASKS[:2], agents=PROGRAM_AGENTS),
     "cpu": Config(),
-    "full": Config(gold_dir=registry.Required("--set gold_dir=PATH: DV-World's dv-evolution/gold"),
-                   results_dir=registry.Required("--set results_dir=PATH: an agent's dv-evol-*/result.png, result.csv"),
-                   judge="mllm", judge_path=registry.Required("--set judge_path=PATH: an executable MLLM judge"),
+    "full": Config(gold_dir=registry.Required(
+                       "--set gold_dir=PATH: DV-World's DV-Evol gold cases, the folder of dv-evol-*/ (hf download "
+                       "DV-World/dvworld --repo-type dataset --local-dir data/dvworld, as the reference's README "
+                       "places it: its dv-evolution gold folder)"),
+                   results_dir=registry.Required(
+                       "--set results_dir=PATH: one agent's outputs, dv-evol-*/result.png and result.csv per case "
+                       "(DV-World's dv-evolution agent, then its get_results.py)"),
+                   judge="mllm", judge_path=registry.Required(
+                       "--set judge_path=PATH: an executable MLLM judge, called as PATH GOLD_PNG CAND_PNG with the "
+                       "rubric prompt on stdin (the reference's judges are API models)"),
                    agents=("reference",)),
 }
 

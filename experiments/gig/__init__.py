@@ -2,7 +2,7 @@
 
 The inner graphs are scene graphs (`experiments.gig.cooking`'s kitchen; `experiments.gig.textworld`'s facts), embedded
 by `jaxlab.models.gnn`'s GAT into unit vectors; the outer graph is the experience memory of solved traces
-(`planner`). The experiment solves generated kitchen problems by breadth-first search over the symbolic
+(`planner`). The experiment solves generated kitchen problems by A* search (shortest plans) over the symbolic
 transitions, trains the GAT on those traces (triplet + uniformity loss) and measures (1) triplet accuracy on
 held-out traces before and after training, (2) the planner alone (retrieval, else lookahead, else the first
 allowed action) on seen and unseen problems, with the trained memory and with an empty one, and (3) the LLM
@@ -112,7 +112,8 @@ PRESETS = {
                     tw_train_games=2),
     "cpu": Config(train_problems=12, test_problems=6, steps=300, triplets=32),
     "full": Config(recipes=tuple(sorted(cooking.RECIPES)), train_problems=64, test_problems=32, distractors=1,
-                   model="gig", steps=3000, triplets=64, depth=3, max_steps=80),
+                   model="gig", steps=3000, triplets=64, depth=3, max_steps=80,
+                   llm=registry.Hub("Qwen/Qwen2.5-7B-Instruct")),
 }
 
 

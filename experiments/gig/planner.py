@@ -1,5 +1,5 @@
 """GiG's planner pieces (experiments/gig/README.md): the experience memory (the outer graph), loop warnings, the
-kitchen's bounded symbolic lookahead, the planner that needs no LLM, and the breadth-first upper bound.
+kitchen's bounded symbolic lookahead, the planner that needs no LLM, and the shortest plan (A*), the upper bound.
 
 The outer graph has one node per state embedding of a solved trace, linked to the next state by the action taken.
 At a new state the planner
@@ -12,6 +12,8 @@ At a new state the planner
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 from collections import deque
 from typing import NamedTuple, Sequence
 
@@ -186,26 +188,66 @@ class Planner:
             "warning": warning, "rejected": [o for o in options if o.rejected]}
 
 
+def actions_left(problem: cooking.Problem, state: cooking.State) -> int:
+  """A lower bound on the actions from `state` to the goal (admissible, so `shortest_plan`'s A* stays optimal): each
+  goal item's own remaining actions (a cut or cook, the pick-up after it, the place or stack or add that puts it
+  where the goal wants it, one more pick-up or place where it is not held or held), the pot's fill, boil and
+  serving, and one move to each kind of station (sink, stove, board, the goal's table) still needed and not here."""
+  g, h, need_at = problem.goal, 0, set()
+  if g.kind == "stack":
+    for n, (item, want) in enumerate(zip(g.items, g.states)):
+      held = state.holding == item
+      done = want is None or item in (state.cut if want == "cut" else state.cooked)
+      if not done:
+        h += 2 if item in state.timers else 3 + held
+        if item not in state.timers:
+          need_at.add("board" if want == "cut" else "stove")
+      elif state.below.get(item) != (g.table if n == 0 else g.items[n - 1]):
+        h += 1 + (not held)
+      else:
+        continue
+      need_at.add(g.table)
+  else:
+    pot = g.pot
+    if pot not in state.water:
+      h, need_at = h + 1, need_at | {"sink"}
+    if pot not in state.boiled and pot not in state.timers:
+      h, need_at = h + 1, need_at | {"stove"}
+    if state.below.get(pot) != g.table:
+      h, need_at = h + 1 + (state.holding != pot), need_at | {g.table}
+    for item in g.items:
+      if state.inside.get(item) != pot:
+        held = state.holding == item
+        h += 1 + (not held) if item in state.cut else 3 + held
+      if item not in state.cut:
+        need_at.add("board")
+  return h + len(need_at) - (state.robot in need_at or problem.station_kind[state.robot] in need_at)
+
+
 def shortest_plan(problem: cooking.Problem, state: cooking.State | None = None,
-                  max_states: int = 200_000) -> list[cooking.Action] | None:
-  """A shortest action sequence to the goal by breadth-first search over the symbolic transitions (None when
-  there is none within `max_states` states)."""
+                  max_states: int = 1_000_000) -> list[cooking.Action] | None:
+  """A shortest action sequence to the goal (None when there is none within `max_states` states): A* over the
+  symbolic transitions with the `actions_left` bound, never entering a `dead_end` state (none leads to the goal).
+  Breadth-first search runs out of states on a soup or a sandwich in a kitchen of two stoves, boards and tables."""
   start = problem.init if state is None else state
-  parent = {state_key(problem, start): None}
-  frontier = deque([start])
-  while frontier and len(parent) <= max_states:
-    s = frontier.popleft()
+  k0 = state_key(problem, start)
+  parent, cost, tie = {k0: None}, {k0: 0}, itertools.count()
+  heap = [(actions_left(problem, start), next(tie), 0, start)]
+  while heap and len(parent) <= max_states:
+    _, _, d, s = heapq.heappop(heap)
+    k = state_key(problem, s)
+    if d > cost[k]:
+      continue
     if cooking.success(problem, s):
-      plan, k = [], state_key(problem, s)
+      plan = []
       while parent[k] is not None:
         k, a = parent[k]
         plan.append(a)
       return plan[::-1]
-    k0 = state_key(problem, s)
     for a in cooking.valid_actions(problem, s):
       s2 = cooking.step(problem, s, a, check=False)
-      k = state_key(problem, s2)
-      if k not in parent:
-        parent[k] = (k0, a)
-        frontier.append(s2)
+      k2 = state_key(problem, s2)
+      if d + 1 < cost.get(k2, d + 2) and dead_end(problem, s2) is None:
+        parent[k2], cost[k2] = (k, a), d + 1
+        heapq.heappush(heap, (d + 1 + actions_left(problem, s2), next(tie), d + 1, s2))
   return None

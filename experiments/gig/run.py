@@ -7,6 +7,7 @@ import json
 import os
 
 import jax
+import jraph
 import numpy as np
 import optax
 
@@ -60,12 +61,17 @@ def _trace(problem):
   return states, [a.text for a in plan]
 
 
+def embed_fn(cfg: gnn.Config):
+  """The jitted GAT forward the embedder calls: (params, padded graphs) -> [G, Z] unit embeddings."""
+  return jax.jit(lambda p, g: gnn.forward(p, g, cfg))
+
+
 class _Embedder:
   """Scene graphs -> embeddings, padded to fixed sizes so one compiled forward serves every call."""
 
   def __init__(self, cfg: gnn.Config, nodes: int, edges: int, graphs: int):
     self.sizes, self.d_embed = (nodes, edges, graphs), cfg.d_embed
-    self.fn = jax.jit(lambda p, g: gnn.forward(p, g, cfg))
+    self.fn = embed_fn(cfg)
 
   def pad(self, graphs):
     n, e, g = self.sizes
@@ -109,20 +115,35 @@ def _tw_settings(cfg: Config) -> dict:
           "cook": cfg.tw_cook}
 
 
+EMBED_GRAPHS = 16  # graphs per call of the embedder (one more, empty, holds the padding)
+
+
+def pad_sizes(cfg: Config, max_n: int, max_e: int) -> tuple[tuple, tuple]:
+  """((nodes, edges, graphs) of a padded training batch, the same of an embedder call) for graphs of at most
+  `max_n` nodes and `max_e` edges: a batch holds 3 x `triplets` graphs (anchors, positives, negatives)."""
+  g_batch = 3 * cfg.triplets
+  return ((gnn.round_up(g_batch * max_n + 1, 64), gnn.round_up(g_batch * max_e, 64), gnn.round_up(g_batch + 1, 8)),
+          (gnn.round_up(EMBED_GRAPHS * max_n + 1, 64), gnn.round_up(EMBED_GRAPHS * max_e, 64), EMBED_GRAPHS + 1))
+
+
+def train_step(cfg: Config, gcfg: gnn.Config):
+  """(the jitted GAT step `fit_gat` runs, its Adam)."""
+  tx = optax.adam(cfg.lr)
+  return loss_lib.make_train_step(gcfg, tx, margin=cfg.margin, uniformity_weight=cfg.uniformity_weight,
+                                  uniformity=cfg.uniformity), tx
+
+
 def fit_gat(cfg: Config, gcfg: gnn.Config, graphs, lengths, more_graphs, log_path: str):
   """(params, embedder, losses): the GAT trained by `cfg.steps` Adam steps on triplets of the traces `graphs`
   (consecutive runs of `lengths`); the embedder is sized for these graphs and `more_graphs` too."""
   every = list(graphs) + list(more_graphs)
   max_n, max_e = max(int(g.n_node[0]) for g in every), max(int(g.n_edge[0]) for g in every)
-  g_batch = 3 * cfg.triplets
-  train_pad = (gnn.round_up(g_batch * max_n + 1, 64), gnn.round_up(g_batch * max_e, 64), gnn.round_up(g_batch + 1, 8))
-  embed = _Embedder(gcfg, gnn.round_up(16 * max_n + 1, 64), gnn.round_up(16 * max_e, 64), 17)
+  train_pad, embed_pad = pad_sizes(cfg, max_n, max_e)
+  embed = _Embedder(gcfg, *embed_pad)
   params = gnn.init(gcfg, jax.random.PRNGKey(cfg.seed))
   rng = np.random.default_rng(cfg.seed)
-  tx = optax.adam(cfg.lr)
+  step, tx = train_step(cfg, gcfg)
   opt_state = tx.init(params)
-  step = loss_lib.make_train_step(gcfg, tx, margin=cfg.margin, uniformity_weight=cfg.uniformity_weight,
-                                  uniformity=cfg.uniformity)
   b, losses = cfg.triplets, []
   with open(log_path, "w") as f:
     for i in range(cfg.steps):
@@ -241,6 +262,12 @@ def _textworld_agents(cfg: Config, games: dict, out_dir: str, llm, f) -> dict:
   return res
 
 
+def kitchen_gat(cfg: Config) -> gnn.Config:
+  """The GAT over kitchen scene graphs."""
+  return dataclasses.replace(gnn.PRESETS[cfg.model], node_features=cooking.NODE_FEATURES,
+                             edge_features=cooking.EDGE_FEATURES)
+
+
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # minutes of work at the cpu preset; recomputed
   modes = [e.split("_")[1] for e in cfg.llm_envs if e.startswith("cooking_")] if cfg.llm else []
@@ -263,8 +290,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   graphs = {k: [cooking.scene_graph(p, s) for p, (states, _) in zip(ps, traces[k]) for s in states]
             for k, ps in (("train", train_all), ("test", test))}
   lengths = {k: [len(states) for states, _ in v] for k, v in traces.items()}
-  gcfg = dataclasses.replace(gnn.PRESETS[cfg.model], node_features=cooking.NODE_FEATURES,
-                             edge_features=cooking.EDGE_FEATURES)
+  gcfg = kitchen_gat(cfg)
   init = gnn.init(gcfg, jax.random.PRNGKey(cfg.seed))  # fit_gat's own copy: its train step donates the params
   params, embed, losses = fit_gat(cfg, gcfg, graphs["train"], lengths["train"], graphs["test"],
                                   os.path.join(out_dir, "metrics.jsonl"))
@@ -302,3 +328,57 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                                                                                        losses)},
                          title="gig: GAT training loss on solved kitchen traces")
   return res
+
+
+PLAN_TRACE_STATES = 25  # states per solved kitchen trace at full (its shortest plans' mean length is about 24)
+
+
+def gat_flops(gcfg: gnn.Config, nodes: int, edges: int, graphs: int) -> float:
+  """Matmul FLOPs of one GAT forward over padded sizes: input projection, per layer the node and edge projections,
+  the output projection."""
+  d = gcfg.d_model
+  return 2.0 * (nodes * gcfg.node_features * d + gcfg.n_layers * (nodes * d * d + edges * gcfg.edge_features * d)
+                + graphs * d * gcfg.d_embed)
+
+
+def workloads(cfg: Config, mesh) -> list:
+  """What a run computes at `cfg` on the accelerator, for `experiments plan`: the kitchen GAT's train step
+  (`train_step`, `steps` calls on 3 x `triplets` padded scene graphs) and its forward (`embed_fn`, EMBED_GRAPHS
+  graphs a call), padded as `pad_sizes` pads them for the largest kitchen of the preset's training and test
+  problems (every state of a problem has its nodes; at most 2 x (1 + items) edges: the robot's station and each
+  item's support, pot or holder, each with its reverse). Forward calls: the held-out and training traces
+  embedded (PLAN_TRACE_STATES states each), and one call per planner step at `max_steps` (an upper bound) for
+  the seen and unseen problems with and without memory. The LLM agents and TextWorld's GAT are not planned. GiG's
+  params are replicated over `mesh` (the run keeps them on one device). Analytic FLOPs: `gat_flops`, x3 for a
+  train step."""
+  from experiments.runner import plan as plan_lib
+  gcfg = kitchen_gat(cfg)
+  probs = _problems(cfg, range(cfg.train_problems)) + unseen_problems(cfg, cfg.test_problems, cfg.mode, set())
+  max_n = max(1 + len(p.stations) + len(p.items) for p in probs)
+  max_e = max(2 * (1 + len(p.items)) for p in probs)
+  (tn, te, tg), (en, ee, eg) = pad_sizes(cfg, max_n, max_e)
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def replicated(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), tree)
+
+  def graphs(n, e, g):
+    f32, i32 = np.float32, np.int32
+    return replicated(jraph.GraphsTuple(
+        nodes=jax.ShapeDtypeStruct((n, gcfg.node_features), f32), edges=jax.ShapeDtypeStruct((e, gcfg.edge_features),
+                                                                                            f32),
+        senders=jax.ShapeDtypeStruct((e,), i32), receivers=jax.ShapeDtypeStruct((e,), i32),
+        n_node=jax.ShapeDtypeStruct((g,), i32), n_edge=jax.ShapeDtypeStruct((g,), i32), globals=None))
+  step, tx = train_step(cfg, gcfg)
+  params = replicated(jax.eval_shape(lambda: gnn.init(gcfg, jax.random.PRNGKey(cfg.seed))))
+  opt_state = replicated(jax.eval_shape(tx.init, params))
+  b = cfg.triplets
+  index = replicated(jax.ShapeDtypeStruct((b,), np.int32))
+  batch = {"graphs": graphs(tn, te, tg), "anchor": index, "positive": index, "negative": index}
+  states = PLAN_TRACE_STATES * cfg.train_problems, PLAN_TRACE_STATES * cfg.test_problems
+  calls = (2 * -(-states[1] // EMBED_GRAPHS) + -(-states[0] // EMBED_GRAPHS)
+           + 2 * (cfg.train_problems + cfg.test_problems) * cfg.max_steps)
+  return [plan_lib.Workload("gat_train_step", "train", step, (params, opt_state, batch), cfg.steps,
+                            3 * gat_flops(gcfg, tn, te, tg)),
+          plan_lib.Workload("gat_embed", "forward", embed_fn(gcfg), (params, graphs(en, ee, eg)), calls,
+                            gat_flops(gcfg, en, ee, eg))]

@@ -77,9 +77,16 @@ PRESETS = {
     "smoke": Config(tasks=("path_traversal", "sql_injection"), max_new_tokens=4, batch_size=8, prompt_files="source",
                     timeout_s=30.0),
     "cpu": Config(max_new_tokens=320, batch_size=16, prompt_files="source"),
-    "full": Config(dataset_path=registry.Required("--set dataset_path=susvibes_dataset.jsonl"),
-                   env_specs_path=registry.Required("--set env_specs_path=components.json: susvibes/env_specs"),
-                   predictions_path=registry.Required("--set predictions_path=PREDS.jsonl: {strategy} is replaced"),
+    "full": Config(dataset_path=registry.Required(
+                       "--set dataset_path=FILE.jsonl: SusVibes' tasks (git clone https://github.com/LeiLiLab/susvibes:"
+                       " datasets/susvibes_dataset.jsonl, datasets/default/ in later commits; or hf download "
+                       "songwen6968/SusVibes susvibes_dataset.jsonl --repo-type dataset --local-dir data/susvibes)"),
+                   env_specs_path=registry.Required(
+                       "--set env_specs_path=FILE.json: the tasks' environment specs (susvibes/env_specs/components.json"
+                       " in the same clone, env_specs/default/ in later commits)"),
+                   predictions_path=registry.Required(
+                       "--set predictions_path=PREDS.jsonl: the agent's patches, {instance_id, model_patch} per line "
+                       "(the reference's run_infer.py writes them; {strategy} is replaced by each strategy)"),
                    agents=("reference_secure",), timeout_s=1800.0, memory_mb=4096),
 }
 
