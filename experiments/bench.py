@@ -203,32 +203,49 @@ def _weights_variant(params, spec: str):
   return quant.quantize(params, mode, **kw)
 
 
-def _llama_cpp_rate(path: str, prompt, new_tokens: int, threads: int, repeats: int):
-  """Greedy tokens/s of llama.cpp (llama-cpp-python) on the original GGUF file, batch 1; None if not installed."""
+def _llama_cpp_server(path: str, batch: int, ctx_per_row: int, threads: int):
+  """An xllamacpp (llama.cpp) server on the GGUF file with `batch` slots of `ctx_per_row` tokens; None when
+  xllamacpp is not installed."""
   try:
-    import llama_cpp
+    import xllamacpp
   except ImportError:
-    return None, None
-  llm = llama_cpp.Llama(model_path=path, n_ctx=len(prompt) + new_tokens + 8, n_threads=threads, verbose=False)
-  rates, toks = [], None
-  for _ in range(repeats):
-    llm.reset()
-    t0 = time.perf_counter()
-    toks = []
-    for tok in llm.generate([int(t) for t in prompt], temp=0.0, top_k=1, reset=True):
-      toks.append(tok)
-      if len(toks) == new_tokens:
-        break
-    rates.append(new_tokens / (time.perf_counter() - t0))
-  return max(rates), np.asarray(toks)
+    return None
+  p = xllamacpp.CommonParams()
+  p.model.path = path
+  p.n_parallel = batch
+  p.n_ctx = batch * ctx_per_row  # split evenly over the slots
+  p.cpuparams.n_threads = p.cpuparams_batch.n_threads = threads
+  p.warmup = False
+  return xllamacpp.Server(p)
+
+
+def _llama_cpp_generate(server, rows, new_tokens: int, with_tokens: bool = False):
+  """Greedy completions of the token rows as concurrent requests (the server batches them over its slots); the
+  [batch, new_tokens] token ids with `with_tokens` (read from the per-token log-probs), else None."""
+  from concurrent.futures import ThreadPoolExecutor
+  req = {"max_tokens": new_tokens, "temperature": 0.0, "top_k": 1, "ignore_eos": True, "cache_prompt": False}
+  if with_tokens:
+    req["logprobs"] = 1
+
+  def one(row):
+    r = server.handle_completions(dict(req, prompt=[int(t) for t in row]))
+    if "choices" not in r:
+      raise RuntimeError(f"llama.cpp failed: {r}")
+    return [c["id"] for c in r["choices"][0]["logprobs"]["content"]] if with_tokens else None
+  with ThreadPoolExecutor(len(rows)) as ex:
+    out = list(ex.map(one, rows))
+  return np.asarray(out) if with_tokens else None
 
 
 def bench_generate(argv) -> dict:
   """Greedy generation throughput (new tokens/s over the batch): jaxlab.generate.sample with fp32, bf16 and
-  int8 weights against HF generate (fp32, same weights) and, for a GGUF model with llama-cpp-python installed,
-  llama.cpp on the original file (batch 1). Variants run in alternating rounds in one process; the best round
-  of each is reported, with ratios and greedy-token agreement: the fraction of the [batch, new_tokens]
-  positions whose token equals fp32 jaxlab's (stop tokens off, so every row runs to new_tokens). Prompts are
+  int8 weights against HF generate (fp32, same weights) and, for a GGUF model with xllamacpp installed,
+  llama.cpp on the original file (its quantized blocks, `--threads` threads): the batch's prompts go to one
+  llama.cpp server with `batch` slots as concurrent requests, so llama.cpp batches them as it serves them.
+  Variants run in alternating rounds in one process; the best round of each is reported, with ratios
+  (`*_vs_llama_cpp`: jaxlab tokens/s over llama.cpp's) and greedy-token agreement: the fraction of the
+  [batch, new_tokens] positions whose token equals fp32 jaxlab's (stop tokens off, so every row runs to
+  new_tokens). Prompts are
   random token ids (`--prompts random`) or, for a model with a tokenizer and chat template (a GGUF file), the
   first `batch` of CHAT_MESSAGES as one-turn chats (`--prompts chat`, left-padded to a common length)."""
   p = _parser("generate")
@@ -242,7 +259,13 @@ def bench_generate(argv) -> dict:
                  help="random token ids, or chat prompts in the model's template (a GGUF model)")
   p.add_argument("--repeats", type=int, default=2, help="timed rounds (each runs every variant once)")
   p.add_argument("--no-llama-cpp", action="store_true", help="skip llama.cpp even when it is installed")
+  p.add_argument("--llama-omp-wait", choices=["passive", "active"], default=None,
+                 help="OMP_WAIT_POLICY for llama.cpp's OpenMP threads (default: the environment's; 'passive' "
+                      "stops idle threads spinning, which on a machine shared with other jobs costs llama.cpp "
+                      "most of its speed)")
   args = p.parse_args(argv)
+  if args.llama_omp_wait:  # read when the OpenMP runtime loads, so before torch or xllamacpp is imported
+    os.environ["OMP_WAIT_POLICY"] = args.llama_omp_wait.upper()
   from jaxlab.generate import quant, sample
   modes = [m for m in args.weights.split(",") if m]
   if "fp32" not in modes:
@@ -254,7 +277,7 @@ def bench_generate(argv) -> dict:
   out = {"model": args.model, "dtype": args.dtype, "new_tokens": args.new_tokens, "prompt_len": args.prompt_len,
          "prompts": args.prompts,
          "params": tfm.num_params(params), "backend": jax.default_backend(), "cpu_count": os.cpu_count(),
-         "load_avg_1m_start": os.getloadavg()[0]}
+         "load_avg_1m_start": os.getloadavg()[0], "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "")}
   qparams = {m: _weights_variant(params, m) for m in modes}
   out.update({f"jax_{m}_weight_bytes": quant.weight_bytes(q) for m, q in qparams.items()})
   if hf_model is not None:
@@ -285,9 +308,16 @@ def bench_generate(argv) -> dict:
         with torch.inference_mode():
           return hf_model.generate(ids, **kw)[:, prompt.shape[1]:].numpy()  # noqa: B023 (timed in this iteration)
       runs["hf"] = hf_run
+    server = None
+    if gguf and not args.no_llama_cpp:
+      rows = [r[k > 0] for r, k in zip(prompt, mask)]
+      server = _llama_cpp_server(gguf, b, prompt.shape[1] + args.new_tokens + 16, args.threads)
+      if server is not None:
+        out["llama_cpp_threads"] = args.threads
+        runs["llama_cpp"] = lambda server=server, rows=rows: _llama_cpp_generate(server, rows, args.new_tokens)
     for name, fn in runs.items():  # compiles the jax programs
       t0 = time.perf_counter()
-      tokens[name] = fn()
+      tokens[name] = fn() if name != "llama_cpp" else _llama_cpp_generate(server, rows, args.new_tokens, True)
       out[f"{name}_b{b}_first_call_s"] = time.perf_counter() - t0
     best = {name: float("inf") for name in runs}
     for r in range(args.repeats):
@@ -300,12 +330,10 @@ def bench_generate(argv) -> dict:
       out[f"{name}_b{b}_agreement_with_jax_fp32"] = float(np.mean(tokens[name] == tokens["jax_fp32"]))
       if name != "hf" and "hf" in runs:
         out[f"{name}_b{b}_speedup_vs_hf"] = best["hf"] / best[name]
-    if b == 1 and gguf and not args.no_llama_cpp:
-      rate, toks = _llama_cpp_rate(gguf, prompt[0][mask[0] > 0], args.new_tokens, args.threads, args.repeats)
-      if rate is not None:
-        out["llama_cpp_b1_tokens_per_s"] = rate
-        out["llama_cpp_b1_agreement_with_jax_fp32"] = float(np.mean(toks == tokens["jax_fp32"][0, :len(toks)]))
-        out.update({f"jax_{m}_b1_vs_llama_cpp": out[f"jax_{m}_b1_tokens_per_s"] / rate for m in modes})
+      if name.startswith("jax_") and "llama_cpp" in runs:
+        out[f"{name}_b{b}_vs_llama_cpp"] = best["llama_cpp"] / best[name]
+    runs.clear()  # the llama.cpp server (its threads, its KV cache) goes before the next batch size's starts
+    server = None
   out["load_avg_1m_end"] = os.getloadavg()[0]
   return out
 

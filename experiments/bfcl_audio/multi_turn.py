@@ -11,12 +11,18 @@ called in more than `max_steps` steps is forced to quit, and the entry with it (
 steps run per turn, as on the leaderboard with its limit of 20). A turn whose functions were held out (miss_func)
 has no user text: its message is the wheel's "more functions" prompt carrying their docs. Scoring is
 `bfcl_multi_turn.check` on the calls of every step.
+
+Every step's prompt is the previous step's prompt plus the model's output and the new messages, so
+`prefix_chat_generator` prefills each conversation's function docs and earlier turns once and keeps their KV cache
+(`jaxlab.generate.prefix`): a step computes only its new tokens.
 """
 from __future__ import annotations
 
 import json
 import os
 from typing import Literal
+
+import numpy as np
 
 from experiments.bfcl_audio import bfcl
 from experiments.bfcl_audio import bfcl_multi_turn
@@ -105,6 +111,55 @@ def _play(entry: dict, user_texts, max_steps: int):
       break
   forced = bool(model_turns) and len(model_turns[-1]) > max_steps
   return model_turns, {"id": entry["id"], "category": entry["category"], "turns": turns, "forced_quit": forced}
+
+
+def prefix_chat_generator(loaded, max_new_tokens: int, room: int = 2048, keep: int = 16):
+  """message lists -> greedy answers, the texts `run.chat_generator` gives for them, with the KV cache of each
+  conversation's last prompt kept (`jaxlab.generate.prefix`): a prompt that extends a kept one prefills only its
+  new tokens, then decodes after them. Chats are generated one at a time (each has its own prefix).
+
+  Args:
+    loaded: the chat model's (cfg, params, tokenizer) (`experiments._shared.chat_models.load_chat_model`).
+    max_new_tokens: tokens generated per answer.
+    room: a conversation's cache grows by this many slots when full (one compiled program per size).
+    keep: caches kept, the most recently used; a conversation whose cache was dropped starts over.
+
+  Returns `generate_chat(message_lists) -> texts`; its `counts` are the prompt tokens seen and those read from
+  a kept cache.
+  """
+  from experiments._shared.chat_models import stop_tokens
+  from jaxlab.generate import prefix as prefix_lib
+  from jaxlab.generate import sample
+  cfg, params, tok = loaded
+  stops, kept = stop_tokens(cfg, tok), []
+
+  def extends(pc, ids):
+    head = pc.tokens[0]
+    return len(head) < len(ids) and tuple(ids[:len(head)]) == head
+
+  def answer(ids):
+    base = max((pc for pc in kept if extends(pc, ids)), key=lambda pc: len(pc.tokens[0]), default=None)
+    head = ids[:-1]  # the last token is prefilled by `sample`, which needs one after the prefix
+    if base is not None and len(base.tokens[0]) == len(head):
+      pc = base
+    else:
+      more = len(head) - (0 if base is None else len(base.tokens[0]))
+      need = (0 if base is None else base.length) + prefix_lib.bucket(more)
+      fits = base is not None and need <= base.capacity
+      pc = prefix_lib.prefill(params, cfg, head, prefix=base, capacity=None if fits else (need // room + 1) * room)
+    counts["prompt_tokens"] += len(ids)
+    if base is not None:
+      counts["reused_tokens"] += len(base.tokens[0])
+      kept.remove(base)
+    kept.append(pc)
+    del kept[:-keep]
+    res = sample(params, cfg, [ids], max_new_tokens, prefix=pc, stop_tokens=stops, pad_id=tok.batch_pad_id)
+    return tok.decode(np.asarray(res.tokens[0, :int(res.lengths[0])])).strip()
+
+  def generate_chat(chats):
+    return [answer(tuple(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True))) for m in chats]
+  generate_chat.counts = counts = {"prompt_tokens": 0, "reused_tokens": 0}
+  return generate_chat
 
 
 def run_entries(entries, generate_chat, user_texts, max_steps: int) -> list[tuple[list, dict]]:

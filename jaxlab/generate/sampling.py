@@ -19,6 +19,9 @@ the dot (measured in `experiments/bench.py generate`; same ops per layer, so the
 params are converted once per call, outside the compiled program (pass `quant.quantize(params, mode)` to
 convert once for many calls; already converted params are used as they are).
 
+`prefix=` (`jaxlab.generate.prefix.prefill`) reuses a prefilled prompt prefix's KV cache: only the tokens after it
+are prefilled.
+
 Axes: B batch, T prompt length, N new tokens, V vocab.
 """
 from __future__ import annotations
@@ -126,8 +129,9 @@ def layer_list_forward(params, tokens_BT, cfg: tfm.Config, *, attention_mask_BT,
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new", "greedy", "top_k", "use_top_p", "stop", "forward_fn",
                                              "init_cache_fn", "return_logits", "return_logprobs",
                                              "unrolled"))
-def _generate(params, prompt_BT, mask_BT, embeds_BTD, key, temperature, top_p, max_length, pad_id, *, cfg, max_new,
-              greedy, top_k, use_top_p, stop, forward_fn, init_cache_fn, return_logits, return_logprobs, unrolled):
+def _generate(params, prompt_BT, mask_BT, embeds_BTD, key, temperature, top_p, max_length, pad_id, prefix_cache=None,
+              *, cfg, max_new, greedy, top_k, use_top_p, stop, forward_fn, init_cache_fn, return_logits,
+              return_logprobs, unrolled):
   _TRACES[0] += 1
   if unrolled:  # the per-layer copies are made once here, outside the decode loop
     params = split_layers(params)
@@ -137,7 +141,8 @@ def _generate(params, prompt_BT, mask_BT, embeds_BTD, key, temperature, top_p, m
   # Per-row cap on new tokens: max_length counts the row's real prompt tokens.
   limit_B = jnp.clip(max_length - jnp.sum(mask_BT, axis=1), 0, max_new)
 
-  cache = init_cache_fn(cfg, b, t + max_new - 1)
+  # With a prefix, the prompt (the tokens after it) and the new tokens go in the slots after the prefix's.
+  cache = init_cache_fn(cfg, b, t + max_new - 1) if prefix_cache is None else prefix_cache
   last = t - 1 - jnp.argmax(mask_BT[:, ::-1], axis=1)  # last real prompt position (any padding side)
   embeds = {} if embeds_BTD is None else {"inputs_embeds_BTD": embeds_BTD}
   if forward_fn is layer_list_forward:
@@ -221,7 +226,7 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
            top_p: float | None = None, key=None, prompt_mask=None, stop_tokens: Sequence[int] | None = None,
            max_length: int | None = None, pad_id: int | None = None, forward_fn: Callable | None = None,
            init_cache_fn: Callable | None = None, return_logits: bool = False, return_logprobs: bool = False,
-           weights: str = "fp32", inputs_embeds_BTD=None) -> SampleOutput:
+           weights: str = "fp32", inputs_embeds_BTD=None, prefix=None) -> SampleOutput:
   """Generates up to `max_new_tokens` tokens after each prompt; `sample(...).tokens` are the new tokens.
 
   Args:
@@ -252,6 +257,10 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
     inputs_embeds_BTD: the prompt's input embeddings [B, T, D] for the prefill in place of looking up `prompt`
       (e.g. `multimodal.embed`'s spliced features); `prompt` still gives the shape, padding and stop handling.
       With a custom `forward_fn`, it must accept `inputs_embeds_BTD=`.
+    prefix: a `prefix.PrefixCache` (`prefix.prefill`, with the same params and `weights`) that every prompt row
+      starts with (its one row, or row i of as many as the batch) and extends by at least one token: only the
+      tokens after it are prefilled. The outputs are those of the whole prompts (`sequences` and `prompt_mask`
+      over them, left-padded); the default forward only, without `inputs_embeds_BTD`.
 
   Returns:
     SampleOutput(tokens [B, N], lengths [B], sequences [B, T + N], prompt_mask [B, T], logits,
@@ -274,10 +283,17 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
   eos = cfg.eos_token_id
   eos = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
   stop = tuple(sorted({int(s) for s in (*eos, *(stop_tokens or ()))}))
+  whole, cap = None, np.iinfo(np.int32).max if max_length is None else int(max_length)
+  if prefix is not None:  # the tokens after the prefix are the prompt; outputs show the whole prompts
+    if forward_fn is not None or init_cache_fn is not None or inputs_embeds_BTD is not None:
+      raise ValueError("prefix= needs the default forward and cache, without inputs_embeds_BTD")
+    rows, prompt, prompt_mask = prefix.split(prompt, prompt_mask, pad)
+    whole = _pad_prompts(rows, None, pad, cfg.vocab_size)
+    if max_length is not None:  # a row's cap counts its prefix tokens
+      cap = np.asarray([cap - len(prefix.tokens[i if len(prefix.tokens) > 1 else 0]) for i in range(len(rows))])
   prompt_BT, mask_BT = _pad_prompts(prompt, prompt_mask, pad, cfg.vocab_size)
   if key is None:
     key = jax.random.key(0)
-  cap = np.iinfo(np.int32).max if max_length is None else int(max_length)
   params = quant.quantize(params, weights)
   unrolled = forward_fn is None and init_cache_fn is None
   if unrolled:
@@ -285,10 +301,16 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
   if inputs_embeds_BTD is not None and tuple(inputs_embeds_BTD.shape[:2]) != tuple(prompt_BT.shape):
     raise ValueError(f"inputs_embeds_BTD must be [B, T, D] with [B, T] = the prompt's {tuple(prompt_BT.shape)}, "
                      f"found {tuple(inputs_embeds_BTD.shape)}")
-  return _generate(params, prompt_BT, mask_BT, inputs_embeds_BTD, key,
-                   jnp.float32(1.0 if greedy else temperature), jnp.float32(1.0 if top_p is None else top_p),
-                   jnp.int32(cap), jnp.int32(pad), cfg=cfg, max_new=int(max_new_tokens), greedy=greedy,
-                   top_k=None if greedy or not top_k else int(top_k),
-                   use_top_p=top_p is not None and not greedy, stop=stop, forward_fn=forward_fn or tfm.forward,
-                   init_cache_fn=init_cache_fn or tfm.init_cache, return_logits=bool(return_logits),
-                   return_logprobs=bool(return_logprobs), unrolled=unrolled)
+  out = _generate(params, prompt_BT, mask_BT, inputs_embeds_BTD, key,
+                  jnp.float32(1.0 if greedy else temperature), jnp.float32(1.0 if top_p is None else top_p),
+                  jnp.asarray(cap, jnp.int32), jnp.int32(pad),
+                  None if prefix is None else prefix.cache_for(len(rows), prompt_BT.shape[1] + int(max_new_tokens) - 1),
+                  cfg=cfg,
+                  max_new=int(max_new_tokens), greedy=greedy,
+                  top_k=None if greedy or not top_k else int(top_k),
+                  use_top_p=top_p is not None and not greedy, stop=stop, forward_fn=forward_fn or tfm.forward,
+                  init_cache_fn=init_cache_fn or tfm.init_cache, return_logits=bool(return_logits),
+                  return_logprobs=bool(return_logprobs), unrolled=unrolled)
+  if whole is None:
+    return out
+  return out._replace(sequences=jnp.concatenate([whole[0], out.tokens], axis=1), prompt_mask=whole[1])
