@@ -1,6 +1,6 @@
 """bao's full preset planned without weights: Qwen3-4B named by repo id, its SFT step, rollouts, GRPO step and
-evaluation turns compiled for 8 CPU devices with train FLOPs near the analytic count, and a run without the
-download stopping in one line that names the command fetching it."""
+evaluation turns compiled for 8 CPU devices with train FLOPs near the analytic count (the stop without the
+download: tests/experiments/test_full_presets.py)."""
 import pytest
 
 from experiments import registry
@@ -25,12 +25,3 @@ def test_full_preset_plans_on_cpu_8():
     assert w["mesh"]["fsdp"] == 8 and w["bytes_per_chip"] > 0
     if w["kind"] == "train":
       assert 0.65 <= w["flops_per_step"] / w["analytic_flops_per_step"] <= 1.5, w
-
-
-def test_full_preset_without_the_download_names_the_command(tmp_path, monkeypatch):
-  monkeypatch.setenv("JAXLAB_MODELS", str(tmp_path / "models"))
-  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-  with pytest.raises(registry.OverrideError) as e:
-    registry.config_for("bao", "full")
-  msg = str(e.value)
-  assert len(msg.splitlines()) == 1 and "hf download Qwen/Qwen3-4B" in msg and "--set policy=" in msg

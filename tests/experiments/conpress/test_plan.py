@@ -1,8 +1,6 @@
-"""conpress's full preset planned on cpu-8 (Qwen3-4B's architecture shipped as data, no weights) and its one-line
-stop when the checkpoint is not downloaded."""
+"""conpress's full preset planned on cpu-8 (Qwen3-4B's architecture shipped as data, no weights)."""
 import pytest
 
-from experiments import registry
 from experiments.runner import plan as plan_lib
 
 
@@ -19,11 +17,3 @@ def test_full_preset_plans_each_generation_budget_and_the_fine_tune_on_cpu_8():
   # 496 held-out + 8000 training single questions, and the held-out ones again after the fine-tune (64 a chunk)
   assert steps["generate.n1"] == -(-8496 // 64) + -(-496 // 64)
   assert steps["generate.n4"] == -(-(124 + 2 * 2000) // 64) and steps["sft_step"] == 2000
-
-
-def test_full_preset_without_downloads_names_the_fetch_command(tmp_path, monkeypatch):
-  monkeypatch.setenv("JAXLAB_MODELS", str(tmp_path / "models"))
-  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-  with pytest.raises(registry.OverrideError, match=r"hf download Qwen/Qwen3-4B .*--set model=PATH") as e:
-    registry.config_for("conpress", "full")
-  assert "\n" not in str(e.value) and "hf download HuggingFaceH4/MATH-500" in str(e.value)

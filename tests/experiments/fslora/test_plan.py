@@ -1,8 +1,6 @@
-"""fslora's full preset planned on cpu-8 (LLaMA-3.2-3B-Instruct's architecture shipped as data, no weights) and its
-one-line stop when the checkpoint is not downloaded."""
+"""fslora's full preset planned on cpu-8 (LLaMA-3.2-3B-Instruct's architecture shipped as data, no weights)."""
 import pytest
 
-from experiments import registry
 from experiments.runner import plan as plan_lib
 
 
@@ -17,12 +15,3 @@ def test_full_preset_plans_the_federated_round_and_the_evaluation_on_cpu_8():
   steps = {w["name"]: w["steps"] for w in p["workloads"]}
   assert steps["round"] == 600 * 6  # fedlora, hetlora, fslora and the three sweep ratios
   assert steps["generate"] == (1 + 6 * 30) * -(-3270 // 64)  # the base, then every 20th round of each run
-
-
-def test_full_preset_without_downloads_names_the_fetch_command(tmp_path, monkeypatch):
-  monkeypatch.setenv("JAXLAB_MODELS", str(tmp_path / "models"))
-  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-  with pytest.raises(registry.OverrideError, match=r"hf download meta-llama/Llama-3.2-3B-Instruct .*"
-                                                   r"setup\.model_path") as e:
-    registry.config_for("fslora", "full")
-  assert "\n" not in str(e.value) and "hf download zwhe99/commonsense_170k" in str(e.value)

@@ -1,6 +1,5 @@
 """pia's full preset planned without weights: Qwen2.5-7B-Instruct named by repo id, its generation, reference pass
-and LoRA steps compiled for 8 CPU devices with FLOPs near the analytic count, and a run without the download
-stopping in one line that names the command fetching it."""
+and LoRA steps compiled for 8 CPU devices with FLOPs near the analytic count."""
 import pytest
 
 from experiments import registry
@@ -26,12 +25,3 @@ def test_full_preset_plans_on_cpu_8():
       assert 0.65 <= w["flops_per_step"] / w["analytic_flops_per_step"] <= 1.5, w
   steps = {w["name"]: w["steps"] for w in p["workloads"]}
   assert steps["picl_step"] == steps["dpo_step"] == 500 and steps["reference_logprobs"] == 160
-
-
-def test_full_preset_without_the_download_names_the_command(tmp_path, monkeypatch):
-  monkeypatch.setenv("JAXLAB_MODELS", str(tmp_path / "models"))
-  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-  with pytest.raises(registry.OverrideError) as e:
-    registry.config_for("pia", "full")
-  msg = str(e.value)
-  assert len(msg.splitlines()) == 1 and "hf download Qwen/Qwen2.5-7B-Instruct" in msg and "--set model=" in msg

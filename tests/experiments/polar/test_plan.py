@@ -1,6 +1,5 @@
 """polar's full preset planned without weights: Qwen2.5-3B-Instruct named by repo id, the program scorer and the
-predictor's step compiled for 8 CPU devices with FLOPs near the analytic count, and a run without the download
-stopping in one line that names the command fetching it."""
+predictor's step compiled for 8 CPU devices with FLOPs near the analytic count."""
 import pytest
 
 from experiments import registry
@@ -23,12 +22,3 @@ def test_full_preset_plans_on_cpu_8():
   for w in p["workloads"]:
     assert w["mesh"]["data"] == 8 and w["bytes_per_chip"] > 0
     assert 0.65 <= w["flops_per_step"] / w["analytic_flops_per_step"] <= 1.5, w
-
-
-def test_full_preset_without_the_download_names_the_command(tmp_path, monkeypatch):
-  monkeypatch.setenv("JAXLAB_MODELS", str(tmp_path / "models"))
-  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-  with pytest.raises(registry.OverrideError) as e:
-    registry.config_for("polar", "full")
-  msg = str(e.value)
-  assert len(msg.splitlines()) == 1 and "hf download Qwen/Qwen2.5-3B-Instruct" in msg and "--set model=" in msg

@@ -1,8 +1,7 @@
 """prm_attack's full preset planned on 8 CPU devices: Qwen2.5-Math-PRM-7B's forward and the gradient attack's
-step compiled from the shipped architecture, and the preset's one-line error without the checkpoint."""
+step compiled from the shipped architecture."""
 import pytest
 
-from experiments import registry
 from experiments.prm_attack import PRESETS
 from experiments.prm_attack import run as prm_run
 from experiments.runner import plan as plan_lib
@@ -28,11 +27,3 @@ def test_full_preset_plans_the_prm_forward_and_the_attack_step_on_cpu_8():
   for w in p["workloads"]:
     assert isinstance(w["fits"], bool) and w["mesh"]["data"] == 8
     assert 0.65 <= w["flops_per_step"] / w["analytic_flops_per_step"] <= 1.5
-
-
-def test_full_preset_without_the_checkpoint_names_the_download(tmp_path, monkeypatch):
-  monkeypatch.setenv("JAXLAB_MODELS", str(tmp_path / "models"))
-  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-  with pytest.raises(registry.OverrideError) as e:
-    registry.config_for("prm_attack", "full")
-  assert "\n" not in str(e.value) and f"hf download {PRM}" in str(e.value) and "--set prm_path=" in str(e.value)

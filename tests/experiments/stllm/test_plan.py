@@ -1,19 +1,10 @@
 """stllm: the full preset planned on `cpu-8` (each model's train step and greedy decoding on Qwen2-7B, at 4 frames
-of 168 px to keep the test short), and without downloads its one-line stop naming the `hf download` of
-Qwen/Qwen2-7B-Instruct."""
+of 168 px to keep the test short)."""
 import pytest
 
 from experiments.runner import plan as plan_lib
-from experiments.runner import registry
-from jaxlab.hf import hub
 
 REPO = "Qwen/Qwen2-7B-Instruct"
-
-
-@pytest.fixture
-def nothing_downloaded(tmp_path, monkeypatch):
-  monkeypatch.setenv(hub.MODELS_ENV, str(tmp_path / "models"))
-  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
 
 
 @pytest.mark.slow
@@ -26,11 +17,3 @@ def test_full_preset_plans_on_cpu_8():
     assert isinstance(w["fits"], bool) and w["bytes_per_chip"] > 0 and w["mesh"]["fsdp"] == 8, w["name"]
     assert w["steps"] >= 1 and 0.65 <= w["flops_per_step"] / w["analytic_flops_per_step"] <= 1.5, w["name"]
   assert all(w["steps"] == 3000 for w in p["workloads"] if w["kind"] == "train")
-
-
-def test_full_preset_without_downloads_names_the_fetch_command(nothing_downloaded):
-  with pytest.raises(registry.OverrideError) as e:
-    registry.config_for("stllm", "full")
-  line = str(e.value)
-  assert "\n" not in line and f"hf download {REPO}" in line and "lm_path" in line
-  assert hub.config(REPO) is not None  # the shipped architecture
