@@ -195,10 +195,13 @@ def _reproduce(args) -> int:
 
 
 def _readme(args) -> int:
-  with open(args.claims) as f:
-    report = json.load(f)
-  changed = readme_lib.update(args.readme, report, merge=args.merge)
-  print(f"{args.readme}: paper table {'rewritten' if changed else 'already current'} from {args.claims}")
+  if not os.path.exists(args.claims) and not os.path.exists(args.plan):
+    raise FileNotFoundError(f"readme: neither {args.claims} (reproduce writes it) nor {args.plan} (plan --all) exists")
+  if os.path.exists(args.claims):
+    with open(args.claims) as f:
+      report = json.load(f)
+    changed = readme_lib.update(args.readme, report, merge=args.merge)
+    print(f"{args.readme}: paper table {'rewritten' if changed else 'already current'} from {args.claims}")
   if os.path.exists(args.plan):
     with open(args.plan) as f:
       changed = readme_lib.update_scale(args.readme, json.load(f))

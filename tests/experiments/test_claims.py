@@ -145,7 +145,7 @@ def test_readme_table_is_generated_from_the_report(toy, tmp_path):
   assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 0
   readme = tmp_path / "README.md"
   readme.write_text(f"# x\n\n{readme_lib.BEGIN}\nold table\n{readme_lib.END}\n\nmore\n")
-  assert cli.main(["readme", "--claims", f"{root}/claims.json", "--readme", str(readme)]) == 0
+  assert cli.main(["readme", "--claims", f"{root}/claims.json", "--readme", str(readme), "--plan", f"{root}/none"]) == 0
   text = readme.read_text()
   assert "old table" not in text and text.endswith(f"{readme_lib.END}\n\nmore\n")
   row = next(line for line in text.splitlines() if line.startswith("| scale |"))
@@ -165,7 +165,8 @@ def test_readme_merge_replaces_only_the_rows_of_papers_the_report_ran(toy, tmp_p
   before = readme.read_text().splitlines()
   root = str(tmp_path / "runs")
   assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 0
-  assert cli.main(["readme", "--claims", f"{root}/claims.json", "--readme", str(readme), "--merge"]) == 0
+  assert cli.main(["readme", "--claims", f"{root}/claims.json", "--readme", str(readme), "--merge", "--plan",
+                   f"{root}/none"]) == 0
   after = readme.read_text().splitlines()
   changed = [line for line in after if line not in before]
   assert len(changed) == 2 and changed[0].startswith("Rows for scale: claims checked by `python -m experiments "
