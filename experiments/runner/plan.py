@@ -234,7 +234,8 @@ def mfu(p: dict) -> float | None:
     return None
   seconds = sum(w["steps"] * w["seconds_per_step"] for w in p["workloads"])
   flops = sum(w["steps"] * w["flops_per_step"] for w in p["workloads"])
-  return flops / (seconds * topology(p["topology"]).peak_flops_per_chip * p["chips"]) if seconds else None
+  util = flops / (seconds * topology(p["topology"]).peak_flops_per_chip * p["chips"]) if seconds else None
+  return None if util is None or util > 1 - 1e-9 else util  # exactly 1: no cost-model seconds, counted at peak
 
 
 def seconds_source(p: dict) -> str:

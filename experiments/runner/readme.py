@@ -130,7 +130,8 @@ def update_scale(path: str, plans: dict) -> bool:
   at = f" at commit {code['git_commit'][:12]}{' (uncommitted changes)' if code.get('git_dirty') else ''}" if code else ""
   return _replace(path, SCALE_BEGIN, SCALE_END, lambda old: (
       f"Full presets planned by `python -m experiments plan --all --topology {plans['topology']}`{at} (each on the "
-      f"smallest slice, from that one up, on which it fits; {plan.seconds_source(plans)}):\n\n"
+      f"smallest slice, from that one up, on which it fits; {plan.seconds_source(plans)}; MFU '-' where it gave none "
+      f"and the seconds are counted at peak FLOP/s):\n\n"
       f"{plan.scale_table(plans)}"))
 
 
