@@ -199,7 +199,8 @@ def compile_workload(w: Workload, topo: Topology, mesh) -> dict:
         raise
     flops = traced_flops(w.fn, *w.args, loop_trips=w.loop_trips)
   seconds = flops / (topo.peak_flops_per_chip * topo.chips)
-  if cost.get("optimal_seconds", 0) > 0 and cost.get("flops", 0) > 0:  # the cost model, each loop body once
+  # the cost model, each loop body once; it gives a negative optimal_seconds where it has no estimate
+  if cost.get("optimal_seconds", 0) > 0 and cost.get("flops", 0) > 0:
     seconds = cost["optimal_seconds"] * max(1.0, flops / (cost["flops"] * topo.chips))
   return {"name": w.name, "kind": w.kind, "mesh": {k: int(v) for k, v in mesh.shape.items()},
           "bytes_per_chip": per_chip, "hbm_bytes_per_chip": topo.hbm_bytes_per_chip,
@@ -339,7 +340,7 @@ def plan_all(topology_name: str, preset: str = "full", names=None, log=print, ca
         plans.append(saved["plan"])
         continue
     if cached_only:
-      errors[name] = f"not planned yet (python -m experiments plan --all --only {name} --topology {topology_name})"
+      errors[name] = f"not yet (python -m experiments plan --all --only {name} --topology {topology_name})"
       continue
     log(f"planning {name} ({preset}) from {topology_name}")
     try:

@@ -85,7 +85,9 @@ def test_plan_for_a_tpu_slice_from_the_cli(tmp_path):
   assert p.returncode == 0, p.stderr[-2000:]
   plan = json.loads(out.read_text())
   assert plan["chips"] == 8 and plan["hbm_bytes_per_chip"] == 16 * 2 ** 30 and plan["fits"] is True
-  assert 0 < plan_lib.mfu(plan) <= 1  # the TPU cost model's seconds, never faster than the chips' peak
+  peak = plan_lib.topology("v5e-8").peak_flops_per_chip * 8
+  for w in plan["workloads"]:  # the cost model's seconds (or, where it gives none, the peak's): never faster than peak
+    assert w["seconds_per_step"] >= w["flops_per_step"] / peak * (1 - 1e-9) > 0
 
 
 def test_plan_scale_compiles_each_optimizers_step(tmp_path):
@@ -129,7 +131,7 @@ def test_plan_all_writes_the_scale_table_and_the_readme_takes_it(monkeypatch, tm
   again = plan_lib.plan_all("cpu-8", log=logged.append, cache=str(tmp_path / "kept"))
   assert again["plans"] == report["plans"] and sum("read back" in m for m in logged) == 2  # toy_plan, toy_none
   kept = plan_lib.plan_all("cpu-8", log=logged.append, cache=str(tmp_path / "kept"), cached_only=True)
-  assert kept["plans"] == report["plans"] and kept["errors"]["toy_bad"].startswith("not planned yet (python -m")
+  assert kept["plans"] == report["plans"] and kept["errors"]["toy_bad"].startswith("not yet (python -m")
   (p,) = [p for p in report["plans"] if p["experiment"] == "toy_plan"]
   assert p["models"] == ["org/toy"] and p["workloads"][0]["flops_per_step"] == 2.0 * 64 ** 3
   md = open(plan_lib.write_all(report, str(tmp_path / "runs"))).read()
