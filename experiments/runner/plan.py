@@ -319,14 +319,15 @@ def models(cfg) -> list[str]:
 def plan_all(topology_name: str, preset: str = "full", names=None, log=print, cache: str | None = None,
              force: bool = False, cached_only: bool = False) -> dict:
   """Every paper experiment's plan at `preset` on the smallest slice, from `topology_name` up, on which it fits:
-  {"topology", "preset", "plans": [plan + "paper", "models"], "errors": {name: one line}, "code"}. With `cache` (a
+  {"topology", "preset", "plans": [plan + "paper", "models"], "errors": {name: one line}, "commits": the code that
+  made the plans (`provenance.label`)}. With `cache` (a
   directory), each experiment's plan is kept there as it is made and read back for the same config and starting
   topology (unless `force`), so an interrupted `--all` goes on where it stopped; with `cached_only`, what the cache
   lacks is not planned but listed in "errors" as not planned yet."""
   import json
   from experiments.runner import provenance, registry
   from experiments.runner.overrides import config_dict
-  plans, errors = [], {}
+  plans, errors, commits = [], {}, set()
   for name, exp in registry.experiments().items():
     if exp.paper is None or names and name not in names:
       continue
@@ -338,6 +339,7 @@ def plan_all(topology_name: str, preset: str = "full", names=None, log=print, ca
       if saved["config"] == config_dict(cfg):
         log(f"{name}: read back from {kept}")
         plans.append(saved["plan"])
+        commits.add(provenance.label(saved["code"]))
         continue
     if cached_only:
       errors[name] = f"not yet (python -m experiments plan --all --only {name} --topology {topology_name})"
@@ -350,13 +352,13 @@ def plan_all(topology_name: str, preset: str = "full", names=None, log=print, ca
       log(f"  {errors[name]}")
       continue
     plans.append(p)
+    commits.add(provenance.label(provenance.current()))
     if kept:
       os.makedirs(cache, exist_ok=True)
       with open(kept, "w") as f:
         json.dump({"config": config_dict(cfg), "code": provenance.current(), "plan": p}, f, indent=1)
     log(f"  {p['topology']}: fits {p['fits']}, {p['chip_hours']:.3g} chip-hours")
-  return {"topology": topology_name, "preset": preset, "plans": plans, "errors": errors,
-          "code": provenance.current()}
+  return {"topology": topology_name, "preset": preset, "plans": plans, "errors": errors, "commits": sorted(commits)}
 
 
 def scale_table(report: dict) -> str:

@@ -126,8 +126,8 @@ def _replace(path: str, begin: str, end: str, block) -> bool:
 def update_scale(path: str, plans: dict) -> bool:
   """Rewrites the README's "Paper scale" table from a `plan --all` report (runs/plan.json)."""
   from experiments.runner import plan
-  code = plans.get("code") or {}
-  at = f" at commit {code['git_commit'][:12]}{' (uncommitted changes)' if code.get('git_dirty') else ''}" if code else ""
+  commits = plans.get("commits") or []
+  at = f" by the code of commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}" if commits else ""
   return _replace(path, SCALE_BEGIN, SCALE_END, lambda old: (
       f"Full presets planned by `python -m experiments plan --all --topology {plans['topology']}`{at} (each on the "
       f"smallest slice, from that one up, on which it fits; {plan.seconds_source(plans)}; MFU '-' where it gave none "
