@@ -359,18 +359,6 @@ def loaded_config(setup: Setup, model_cfg: tfm.Config) -> tfm.Config:
   return model_cfg.replace(dtype=setup.dtype or model_cfg.dtype, remat=setup.remat or model_cfg.remat)
 
 
-def place_params(params, mesh, strategy: str):
-  """A transformer's `params` on `mesh` by the rules of `strategy` (as they are without a mesh)."""
-  return params if mesh is None else shd.shard_params(params, mesh, strategy, axes=tfm.AXES)
-
-
-def abstract_params(model_cfg: tfm.Config, mesh, strategy: str):
-  """ShapeDtypeStructs of `tfm.init(model_cfg)` placed as `place_params` places real ones."""
-  shapes = jax.eval_shape(functools.partial(tfm.init, model_cfg), jax.random.PRNGKey(0))
-  shardings = shd.param_shardings(shapes, mesh, strategy, axes=tfm.AXES)
-  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
-
-
 def eval_workloads(setup: Setup, model_cfg: tfm.Config, params, mesh, evaluations: int, test_examples: int) -> list:
   """The jitted steps of `evaluations` calls of `Context.evaluate` and `Context.test_loss` on `test_examples` test
   examples (`greedy_step` on chunks of `setup.eval_batch` prompts of `setup.plan_prompt_len` positions, `nll_step` on

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from experiments._shared import adapters as common
+from experiments._shared import chat_models
 from experiments import registry
 from experiments._shared import recipes
 from experiments._shared.recipes import optimizer
@@ -253,7 +254,7 @@ def workloads(cfg: Config, mesh) -> list:
   NumPy on the host. Rows hold setup.seq_len positions (the longest kept training record nears it)."""
   from experiments.runner import plan as plan_lib
   model_cfg = common.model_config(cfg.setup)
-  base = common.abstract_params(model_cfg, mesh, cfg.strategy)
+  base = chat_models.abstract_params(model_cfg, mesh, cfg.strategy)
   specs, _ = method_specs(cfg, lora.target_paths(base, cfg.targets))
   seq = cfg.setup.seq_len
   batch = plan_lib.batch(mesh, {k: ((cfg.batch_size, seq), "int32") for k in ("inputs", "targets", "loss_mask")})
@@ -279,7 +280,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   writer = common.Writer(os.path.join(out_dir, "metrics.jsonl"))
   ctx = (reference_context(cfg, out_dir, writer) if cfg.data == "metamath_gsm" else
          common.prepare(cfg.setup, out_dir, writer, cfg.seed))
-  ctx = dataclasses.replace(ctx, params=common.place_params(ctx.params, common.mesh_of(cfg.mesh), cfg.strategy))
+  ctx = dataclasses.replace(ctx, params=chat_models.place(ctx.params, common.mesh_of(cfg.mesh), cfg.strategy))
   splits.record(out_dir, "cdka", split_items(ctx.train, ctx.test))
   shapes = lora.target_paths(ctx.params, cfg.targets)
   adapters, kconfigs = method_specs(cfg, shapes)

@@ -13,7 +13,7 @@ import optax
 
 from experiments import registry
 from experiments._shared.adapters import sft_batches
-from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
+from experiments._shared.chat_models import abstract_params, chat_ids, load_chat_model, stop_tokens
 from experiments._shared import recipes
 from experiments.conpress.parsing import Parsed, parse_packed, sft_completion  # noqa: F401  (public here too)
 from experiments.conpress.parsing import equivalent
@@ -272,10 +272,9 @@ def workloads(cfg: Config, mesh) -> list:
   tokens; the single-question group also after the fine-tune) and the fine-tune's train step, at the preset's
   shapes with abstract arguments (`experiments plan`). Prompt lengths are data: a prompt of N questions is taken as
   PLAN_HEAD_TOKENS + N x PLAN_QUESTION_TOKENS positions (rounded up to 64 as `generate` pads)."""
-  from experiments._shared import adapters
   from experiments.runner import plan as plan_lib
   mcfg = model_config(cfg)
-  params = adapters.abstract_params(mcfg, mesh, cfg.strategy)
+  params = abstract_params(mcfg, mesh, cfg.strategy)
   eos = mcfg.eos_token_id
   stops = tuple(sorted({eos} if isinstance(eos, int) else set(eos or ())))
   pad, m = mcfg.pad_token_id or 0, cfg.max_new_tokens
@@ -311,7 +310,8 @@ def workloads(cfg: Config, mesh) -> list:
   state = state_lib.abstract_state(init, parts[1], mesh, cfg.strategy, axes=parts[3])
   length = -(-(PLAN_HEAD_TOKENS + PLAN_QUESTION_TOKENS + m + 1) // 32) * 32
   rows = batch({k: ((cfg.batch_size, length), "int32") for k in ("inputs", "targets", "loss_mask")})
-  out.append(plan_lib.Workload("sft_step", "train", sft_step(cfg, parts, state, mesh if cfg.mesh else None), (state, rows), cfg.steps,
+  out.append(plan_lib.Workload("sft_step", "train", sft_step(cfg, parts, state, mesh if cfg.mesh else None),
+                               (state, rows), cfg.steps,
                                tfm.flops_per_token(mcfg, length) * cfg.batch_size * length))
   return out
 

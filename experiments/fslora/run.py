@@ -11,6 +11,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from experiments._shared import adapters as common
+from experiments._shared import chat_models
 from experiments import registry
 from experiments.runner import splits as splits_lib
 from jaxlab.adapters import fslora
@@ -62,7 +63,7 @@ def workloads(cfg: Config, mesh) -> list:
   from experiments.runner import plan as plan_lib
   setup = cfg.setup
   model_cfg = common.model_config(setup)
-  base = common.abstract_params(model_cfg, mesh, cfg.strategy)
+  base = chat_models.abstract_params(model_cfg, mesh, cfg.strategy)
   fcfg = cfg.federation("fslora")
   rep = NamedSharding(mesh, P())
 
@@ -92,7 +93,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   writer = common.Writer(os.path.join(out_dir, "metrics.jsonl"))
   ctx = common.prepare(cfg.setup, out_dir, writer, cfg.seed)
   mesh = common.mesh_of(cfg.mesh)
-  ctx = dataclasses.replace(ctx, params=common.place_params(ctx.params, mesh, cfg.strategy))
+  ctx = dataclasses.replace(ctx, params=chat_models.place(ctx.params, mesh, cfg.strategy))
   labels = client_labels(ctx.train)
   splits = fslora.dirichlet_split(labels, cfg.n_clients, cfg.dirichlet_alpha, seed=cfg.seed)
   splits_lib.record(out_dir, "fslora", split_items(ctx.train, ctx.test, splits))
