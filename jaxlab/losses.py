@@ -18,9 +18,9 @@ sums, so microbatched and full-batch updates agree. Here:
   sft_loss_fn      completion-only next-token loss (`completion_loss_mask` leaves prompt tokens out)
   prm_step_loss    process-reward step labels at step separators (value head: sigmoid BCE; step head: 2-class CE)
   prm_loss_fn      a PRM (`jaxlab.models.heads` on a decoder LM, the LM frozen or trained) on step-labelled batches
-  mca_loss         MIND's (arXiv:2512.05530) multi-rationale contrastive alignment: hardest negative rationale's
-                   cosine to an anchor pushed a margin below the hardest positive's
-  mind_loss_fn     MIND phase 1 on a VLM: CE on the positive rationales + alpha * MCA on pooled hidden states
+  mca_loss         MIND's (arXiv:2512.05530) multi-rationale contrastive alignment, per target token: the hardest
+                   negative rationale's token pushed a cosine margin below the hardest positive's
+  mind_loss_fn     MIND phase 1 on a VLM: CE on the positive rationales + alpha * MCA on projected token embeddings
 Next to come: Bradley-Terry reward modelling and contrastive (InfoNCE) losses.
 
 GRPO aggregation rules, for a per-token loss l over completion tokens (mask m), as `(loss_sum, weight)`:
@@ -43,6 +43,7 @@ from jaxlab import choices
 from jaxlab.models import heads, mdm, multimodal
 from jaxlab.models import transformer as tfm
 from jaxlab.models import vlm
+from jaxlab.nn import axes, layers
 
 
 class LossFn(Protocol):
@@ -409,56 +410,69 @@ def prm_loss_fn(lm_cfg: tfm.Config, head_cfg: heads.Config, freeze_lm: bool = Tr
 
 # ------------------------------------------------------------------------------------------------- MCA
 
-def mean_pool(h_BTD, mask_BT):
-  """Mean of `h_BTD` over the positions where `mask_BT` is 1 (zeros for an empty mask), fp32, [B, D]."""
-  m = mask_BT.astype(jnp.float32)
-  return jnp.einsum("btd,bt->bd", h_BTD.astype(jnp.float32), m) / jnp.maximum(jnp.sum(m, axis=1), 1.0)[:, None]
+# Logical axes of MIND's token projection (`mca_head_init`), beside the model's own rules.
+MCA_AXES = axes.rules(
+    (r"mca_head/kernel", ("embed", "mlp"), "embed"),
+    (r"mca_head/bias", ("mlp",), None),
+)
+
+
+def mca_head_init(key, d_model: int, dtype=jnp.float32) -> dict:
+  """MIND's projection of token embeddings, a linear D -> D (`cls_linear` of the reference): normal weights of the
+  variance of PyTorch's default Linear init (1 / 3D), zero bias."""
+  return layers.linear_init(key, d_model, d_model, bias=True, std=(3 * d_model) ** -0.5, dtype=dtype)
 
 
 def _normalize(x, eps: float = 1e-12):
-  """x / max(|x|, eps), with finite gradients at x = 0 (an unused row's pooled zeros): the norm's own gradient
-  x / |x| is 0/0 there, so the square root is taken of the clamped squared norm instead."""
+  """x / max(|x|, eps), with finite gradients at x = 0: the square root is taken of the clamped squared norm."""
   return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), eps * eps))
 
 
-def _extreme_mean(x_BR, mask_BR, k: int, lowest: bool):
-  """Mean of the k lowest (or highest) entries of each row among those in `mask_BR` (fewer when fewer are in)."""
+def _extreme_mean(x_NR, mask_NR, k: int, lowest: bool):
+  """Mean of the k lowest (or highest) entries of each row among those in `mask_NR` (fewer when fewer are in)."""
   big = jnp.finfo(jnp.float32).max
-  sorted_ = jnp.sort(jnp.where(mask_BR, x_BR if lowest else -x_BR, big), axis=1)[:, :k]
-  take = jnp.arange(sorted_.shape[1])[None, :] < jnp.sum(mask_BR, axis=1, keepdims=True)
+  sorted_ = jnp.sort(jnp.where(mask_NR, x_NR if lowest else -x_NR, big), axis=1)[:, :k]
+  take = jnp.arange(sorted_.shape[1])[None, :] < jnp.sum(mask_NR, axis=1, keepdims=True)
   picked = jnp.sum(jnp.where(take, sorted_, 0.0), axis=1) / jnp.maximum(jnp.sum(take, axis=1), 1)
   return picked if lowest else -picked
 
 
-def mca_loss(anchor_BD, rationales_BRD, role_BR, margin: float = 0.2, top_k: int = 1):
-  """Multi-rationale contrastive alignment (MIND, arXiv:2512.05530): per question, the hinge
-  relu(sim(hardest negatives) + margin - sim(hardest positives)) with sim the cosine to the anchor.
+def mca_loss(pred_BRTD, label_BRTD, role_BR, mask_BRT, margin: float = 0.2, top_k: int = 1):
+  """Multi-rationale contrastive alignment (MIND, arXiv:2512.05530), per target token.
 
-  The hardest positives are the `top_k` least similar positive rationales and the hardest negatives the `top_k`
-  most similar negative ones, each averaged (MIND's reference trains with top_k 1, margin 0.2).
+  A question's R rows share its prompt, so their targets are aligned by position. For each positive row i and
+  target position t (`mask_BRT`), with cos the cosine of the projected embedding of the model's own prediction
+  (`pred_BRTD[b, i, t]`) to the projected embedding of row j's target token there (`label_BRTD[b, j, t]`):
+    relu(mean of the top_k highest cos over negative rows + margin - mean of the top_k lowest over positive rows).
+  Row i's positives are the question's other positive rows (itself when it is the only one): the reference samples
+  its positives apart from the trained rationale. Returns (sum over masked tokens, their count): MIND's loss is the
+  token mean (reference `contrastive_loss_topk_extreme`, margin 0.2 and top_k 1 in its training script).
 
   Args:
-    anchor_BD: one anchor embedding per question.
-    rationales_BRD: R rationale embeddings per question.
-    role_BR: 1 for a positive rationale, -1 for a negative one, 0 for an unused row.
-    margin: the cosine margin.
-    top_k: how many of the hardest positives / negatives are averaged.
-
-  Returns:
-    (loss_B, valid_B): the hinge per question, 0 where a question lacks a positive or a negative (valid False).
+    pred_BRTD: projected embeddings of the argmax predictions of every row.
+    label_BRTD: projected embeddings of every row's target tokens.
+    role_BR: 1 for a positive row, -1 for a negative one, 0 for an unused row.
+    mask_BRT: the target positions of the positive rows (the CE mask).
   """
   if top_k < 1:
     raise ValueError(f"mca_loss: top_k must be >= 1, found {top_k}")
-  if rationales_BRD.shape[:2] != role_BR.shape or anchor_BD.shape[0] != role_BR.shape[0]:
-    raise ValueError(f"mca_loss: expected anchor [B, D], rationales [B, R, D] and role [B, R], found "
-                     f"{anchor_BD.shape}, {rationales_BRD.shape}, {role_BR.shape}")
-  cos_BR = jnp.einsum("bd,brd->br", _normalize(anchor_BD.astype(jnp.float32)),
-                      _normalize(rationales_BRD.astype(jnp.float32)))
-  pos, neg = role_BR > 0, role_BR < 0
-  k = min(top_k, role_BR.shape[1])
-  hinge = jax.nn.relu(_extreme_mean(cos_BR, neg, k, lowest=False) + margin - _extreme_mean(cos_BR, pos, k, True))
-  valid = jnp.any(pos, axis=1) & jnp.any(neg, axis=1)
-  return jnp.where(valid, hinge, 0.0), valid
+  b, r, t, _ = pred_BRTD.shape
+  if label_BRTD.shape != pred_BRTD.shape or role_BR.shape != (b, r) or mask_BRT.shape != (b, r, t):
+    raise ValueError(f"mca_loss: expected pred and label [B, R, T, D], role [B, R] and mask [B, R, T], found "
+                     f"{pred_BRTD.shape}, {label_BRTD.shape}, {role_BR.shape}, {mask_BRT.shape}")
+  cos_BITJ = jnp.einsum("bitd,bjtd->bitj", _normalize(pred_BRTD.astype(jnp.float32)),
+                        _normalize(label_BRTD.astype(jnp.float32)))
+  pos_BJ, neg_BJ = role_BR > 0, role_BR < 0
+  alone_B = jnp.sum(pos_BJ, axis=1) == 1
+  pos_BIJ = pos_BJ[:, None, :] & (~jnp.eye(r, dtype=bool)[None] | alone_B[:, None, None])
+  pos_N = jnp.broadcast_to(pos_BIJ[:, :, None, :], cos_BITJ.shape).reshape(-1, r)
+  neg_N = jnp.broadcast_to(neg_BJ[:, None, None, :], cos_BITJ.shape).reshape(-1, r)
+  k = min(top_k, r)
+  cos_N = cos_BITJ.reshape(-1, r)
+  hinge = jax.nn.relu(_extreme_mean(cos_N, neg_N, k, lowest=False) + margin - _extreme_mean(cos_N, pos_N, k, True))
+  valid_B = jnp.any(pos_BJ, axis=1) & jnp.any(neg_BJ, axis=1)
+  w = mask_BRT.astype(jnp.float32) * (pos_BJ & valid_B[:, None])[:, :, None]
+  return jnp.sum(hinge.reshape(b, r, t) * w), jnp.sum(w)
 
 
 def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, top_k: int = 1,
@@ -466,17 +480,16 @@ def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, to
   """MIND phase-1 loss of a VLM: next-token CE on the positive rationales + `alpha` * `mca_loss`.
 
   Batch (grouped by question): inputs, targets, loss_mask [B, R, T] (the CE mask: the rationale and answer of positive
-  rows), pixels [B * R, H, W, C] (one image per row, rows in order), role [B, R] (1 positive, -1 negative, 0 unused),
-  anchor_mask [B, T] and span_mask [B, R, T]; with alpha 0 only inputs, targets, loss_mask and pixels are read (rows
-  of a group may then be unrelated). Embeddings, from the final-normed LM hidden state: the anchor is its mean over
-  `anchor_mask` (the image and question positions) of row 0 (under causal attention every row of a question shares
-  them), a rationale's embedding its mean over that row's `span_mask` (the rationale's tokens as inputs). Returns (CE
-  sum + alpha * MCA mean * tokens, tokens, {}): the train step's division gives the token-mean CE + alpha * the
-  question-mean MCA, as MIND's loss (CE + alpha * contrastive).
+  rows), pixels [B * R, H, W, C] (one image per row, rows in order) and role [B, R] (1 positive, -1 negative, 0
+  unused); with alpha 0 only inputs, targets, loss_mask and pixels are read (rows of a group may then be unrelated).
+  With alpha > 0 the params hold `mca_head` (`mca_head_init`) beside the VLM's: a token's MCA embedding is
+  mca_head(the LM's input embedding of the token), for the argmax of the logits (no gradient through the argmax) and
+  for each row's targets, as the reference's `cls_linear` over the shared embedding table. Returns (CE sum + alpha *
+  MCA token mean * tokens, tokens, {}): the train step's division gives CE mean + alpha * MCA mean, MIND's loss.
 
   Args:
     cfg: the VLM config.
-    alpha: the MCA weight (0: plain CE, no embeddings computed).
+    alpha: the MCA weight (0: plain CE).
     margin, top_k: as in `mca_loss`.
     frozen: top-level param groups whose gradients are stopped.
   """
@@ -487,17 +500,20 @@ def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, to
     if batch["pixels"].shape[0] != b * r:
       raise ValueError(f"mind_loss_fn: expected one image per row ({b} x {r} = {b * r}), found "
                        f"{batch['pixels'].shape[0]}")
-    out = vlm.forward(params, batch["inputs"].reshape(b * r, t), batch["pixels"], cfg,
-                      capture=("hidden_states",) if alpha else ())
+    if alpha and "mca_head" not in params:
+      raise ValueError(f"mind_loss_fn: alpha {alpha} needs params['mca_head'] (losses.mca_head_init), found keys "
+                       f"{sorted(params)}")
+    vlm_params = {k: v for k, v in params.items() if k != "mca_head"}
+    out = vlm.forward(vlm_params, batch["inputs"].reshape(b * r, t), batch["pixels"], cfg)
     targets = batch["targets"].reshape(b * r, t)
     mask = batch["loss_mask"].reshape(b * r, t).astype(bool) & (targets != cfg.image_token_id)
     ce_sum, count = next_token_nll(out.logits, targets, mask)
     if not alpha:
       return ce_sum, count, {}
-    h_BRTD = out.lm.hidden_states[-1].reshape(b, r, t, -1)
-    anchor_BD = mean_pool(h_BRTD[:, 0], batch["anchor_mask"])
-    emb_BRD = mean_pool(h_BRTD.reshape(b * r, t, -1), batch["span_mask"].reshape(b * r, t)).reshape(b, r, -1)
-    mca_B, valid_B = mca_loss(anchor_BD, emb_BRD, batch["role"], margin, top_k)
-    mca = jnp.sum(mca_B) / jnp.maximum(jnp.sum(valid_B), 1)
+    project = lambda ids: layers.linear(params["mca_head"], layers.embed(params["lm"]["embed"], ids), jnp.float32)
+    pred = jnp.argmax(out.logits, axis=-1).reshape(b, r, t)
+    mca_sum, mca_count = mca_loss(project(pred), project(batch["targets"]), batch["role"],
+                                  mask.reshape(b, r, t), margin, top_k)
+    mca = mca_sum / jnp.maximum(mca_count, 1.0)
     return ce_sum + alpha * mca * jax.lax.stop_gradient(count), count, {}
   return loss_fn

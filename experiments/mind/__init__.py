@@ -10,9 +10,9 @@ the ViT frozen, with the same optimizer, rows per step and total steps:
   sft_answer    "<image> question" -> "answer X"
   sft_rationale "<image> question" -> "R answer X" with one fixed rationale R per question
   mind          P2CL phase 1 (`phase1_steps`): "<image> question" -> "R_k answer X" over all positives R_k of a
-                question in one step, plus alpha * MCA (`jaxlab.losses.mind_loss_fn`: anchor = mean final hidden
-                state over the image and question positions, a rationale's embedding = mean final hidden state
-                over its tokens; the hardest negative's cosine pushed `margin` below the hardest positive's);
+                question in one step, plus alpha * MCA (`jaxlab.losses.mind_loss_fn`, per target token: the
+                projected embedding of the argmax prediction, the hardest negative row's token there pushed
+                `margin` below the hardest other positive's in cosine);
                 phase 2 (`phase2_steps`, from the phase-1 weights): "<image> question given R verdict" ->
                 "correct answer X" for a positive R, "wrong fix R+ answer X" for a negative (R+ the positive it
                 was made from), half and half.

@@ -223,27 +223,18 @@ class Encoder:
     return np.asarray(seq[:-1], np.int32), np.asarray(seq[1:], np.int32), mask
 
   def _rows(self, items, length: int | None = None):
-    """items: (question, prompt ids, target text or None, rationale text or None[, loss]) -> stacked arrays; the
-    rationale (the target's first words) is the span MCA pools over."""
-    inp, tgt, msk, span, anchor = [], [], [], [], []
+    """items: (question, prompt ids, target text or None[, loss]) -> stacked inputs, targets, loss masks."""
     length = length or self._length(items)
-    for _q, prompt, target, rationale, *loss in items:
-      i, t, m = self.row(prompt, target, length, *loss)
-      s = np.zeros(length, np.int32)
-      if rationale:
-        s[len(prompt):len(prompt) + len(self.encode(rationale))] = 1
-      a = np.zeros(length, np.int32)
-      a[1:len(prompt)] = 1
-      inp.append(i), tgt.append(t), msk.append(m), span.append(s), anchor.append(a)
-    return np.stack(inp), np.stack(tgt), np.stack(msk), np.stack(span), np.stack(anchor)
+    rows = [self.row(prompt, target, length, *loss) for _q, prompt, target, *loss in items]
+    return tuple(np.stack(x) for x in zip(*rows))
 
   def sft_rows(self, split: Split, style: str):
     """[Q, 1, T] rows of answer-only ("answer") or single-rationale ("rationale": the first positive) SFT."""
     items = []
     for q in split.questions:
       target = f"answer {q.answer}" if style == "answer" else f"{text(q.positives[0])} answer {q.answer}"
-      items.append((q, self.prompt(q), target, None))
-    inp, tgt, msk, _, _ = self._rows(items, self.phase1_length(split))
+      items.append((q, self.prompt(q), target))
+    inp, tgt, msk = self._rows(items, self.phase1_length(split))
     return {"inputs": inp[:, None], "targets": tgt[:, None], "loss_mask": msk[:, None]}
 
   def phase1_length(self, split: Split) -> int:
@@ -252,39 +243,39 @@ class Encoder:
                          for r in q.positives])
 
   def phase1_rows(self, split: Split, k: int, negatives: bool):
-    """[Q, k (+ 4 negatives), T] rows: every positive (+ answer) under CE, negatives for MCA only; role 1 / -1 / 0."""
+    """[Q, k (+ 4 negatives), T] rows of a question's prompt: every positive (+ answer) under CE, then (for MCA,
+    whose targets are aligned by position across a question's rows) its negatives; role 1 / -1 / 0 (unused)."""
     all_items, roles = [], []
     for q in split.questions:
       p = self.prompt(q)
-      items = [(q, p, f"{text(r)} answer {q.answer}", text(r)) for r in q.positives[:k]]
+      items = [(q, p, f"{text(r)} answer {q.answer}") for r in q.positives[:k]]
       role = [1] * len(items) + [0] * (k - len(items))
-      items += [(q, p, None, None)] * (k - len(items))
+      items += [(q, p, None)] * (k - len(items))
       if negatives:
         negs = list(q.negatives[:len(rad.FLAWS)])
-        items += [(q, p, text(n.steps), text(n.steps), False) for n in negs]
-        items += [(q, p, None, None)] * (len(rad.FLAWS) - len(negs))
+        items += [(q, p, text(n.steps), False) for n in negs]
+        items += [(q, p, None)] * (len(rad.FLAWS) - len(negs))
         role += [-1] * len(negs) + [0] * (len(rad.FLAWS) - len(negs))
       all_items.append(items)
       roles.append(role)
     length = self.phase1_length(split)
-    inp, tgt, msk, span, anchor = (np.stack(x) for x in zip(*(self._rows(items, length) for items in all_items)))
-    return {"inputs": inp, "targets": tgt, "loss_mask": msk, "span_mask": span, "anchor_mask": anchor[:, 0],
-            "role": np.asarray(roles, np.int32)}
+    inp, tgt, msk = (np.stack(x) for x in zip(*(self._rows(items, length) for items in all_items)))
+    return {"inputs": inp, "targets": tgt, "loss_mask": msk, "role": np.asarray(roles, np.int32)}
 
   def phase2_rows(self, split: Split):
     """[M, 1, T] rows over every (question, given positive or negative) pair and the pair's kind (1 / -1)."""
     items, kinds, scenes = [], [], []
     for q in split.questions:
       for r in q.positives:
-        items.append((q, self.prompt(q, text(r)), phase2_target(True, "", q.answer), None))
+        items.append((q, self.prompt(q, text(r)), phase2_target(True, "", q.answer)))
         kinds.append(1)
         scenes.append(q.scene)
       for n in q.negatives:
         items.append((q, self.prompt(q, text(n.steps)),
-                      phase2_target(False, text(q.positives[n.base]), q.answer), None))
+                      phase2_target(False, text(q.positives[n.base]), q.answer)))
         kinds.append(-1)
         scenes.append(q.scene)
-    inp, tgt, msk, _, _ = self._rows(items)
+    inp, tgt, msk = self._rows(items)
     return {"inputs": inp[:, None], "targets": tgt[:, None], "loss_mask": msk[:, None]}, np.asarray(kinds), \
         np.asarray(scenes)
 

@@ -53,15 +53,36 @@ def _optimizer(cfg: Config):
   return recipes.optimizer(sched, "adamw", grad_clip=1.0, b2=0.98, weight_decay=1e-4), sched
 
 
-def train_steps(cfg: Config, vcfg: vlm.Config, tx, sched, mesh=None, state=None) -> dict:
-  """{"ce": step, "mca": step}: the jitted train steps of CE alone and of CE + alpha * MCA. With `mesh`, sharded like
-  `state` (arrays or ShapeDtypeStructs), the state donated and params cast to the compute dtype inside the loss."""
+AXES = vlm.AXES + losses.MCA_AXES  # the VLM's params and, under MCA, the token projection `mca_head`
+
+
+def with_mca_head(params, vcfg: vlm.Config, seed: int) -> dict:
+  """The VLM's params and a fresh `mca_head` (MIND's token projection, trained in phase 1 and then dropped)."""
+  dt = jax.tree.leaves(params["lm"]["embed"])[0].dtype
+  return {**params, "mca_head": losses.mca_head_init(jax.random.PRNGKey(seed), vcfg.text.d_model, dt)}
+
+
+def _init(vcfg: vlm.Config, loss: str, key):
+  params = vlm.init(vcfg, key)
+  return with_mca_head(params, vcfg, 0) if loss == "mca" else params
+
+
+def train_steps(cfg: Config, vcfg: vlm.Config, tx, sched, mesh=None, states=None) -> dict:
+  """{"ce": step, "mca": step}: the jitted train steps of CE alone and of CE + alpha * MCA (its params with
+  `mca_head`). With `mesh`, each sharded like `states[loss]` (arrays or ShapeDtypeStructs), the state donated and
+  params cast to the compute dtype inside the loss."""
   fns = {"ce": losses.mind_loss_fn(vcfg, alpha=0.0),
          "mca": losses.mind_loss_fn(vcfg, alpha=cfg.alpha, margin=cfg.margin, top_k=cfg.top_k)}
   if mesh is None:
     return {k: jax.jit(step_lib.make_train_step(fn, tx, schedule=sched)) for k, fn in fns.items()}
-  return {k: recipes.train_step(fn, tx, state, mesh, cfg.strategy, axes=vlm.AXES,
+  return {k: recipes.train_step(fn, tx, states[k], mesh, cfg.strategy, axes=AXES,
                                 compute=recipes.compute_dtype(vcfg.text), schedule=sched) for k, fn in fns.items()}
+
+
+def abstract_states(cfg: Config, vcfg: vlm.Config, tx, mesh) -> dict:
+  """{"ce", "mca"}: the abstract train states of the two steps on `mesh`."""
+  return {k: state_lib.abstract_state(functools.partial(_init, vcfg, k), tx, mesh, cfg.strategy, axes=AXES)
+          for k in ("ce", "mca")}
 
 
 class Trainer:
@@ -69,20 +90,22 @@ class Trainer:
   `mesh`, the state is sharded by `cfg.strategy` and each fit starts from a copy of its params (the step donates)."""
 
   def __init__(self, cfg: Config, vcfg, out_dir: str, mesh=None):
-    self.cfg, self.out_dir, self.mesh = cfg, out_dir, mesh
+    self.cfg, self.vcfg, self.out_dir, self.mesh = cfg, vcfg, out_dir, mesh
     self.tx, sched = _optimizer(cfg)
-    state = None if mesh is None else state_lib.abstract_state(functools.partial(vlm.init, vcfg), self.tx, mesh,
-                                                               cfg.strategy, axes=vlm.AXES)
-    self.steps = train_steps(cfg, vcfg, self.tx, sched, mesh, state)
+    states = None if mesh is None else abstract_states(cfg, vcfg, self.tx, mesh)
+    self.steps = train_steps(cfg, vcfg, self.tx, sched, mesh, states)
 
   def fit(self, name: str, params, sampler, steps: int, loss: str = "ce"):
+    """Trains `params` for `steps` under `loss` ("ce" or "mca"); returns the VLM's params (without `mca_head`)."""
+    if loss == "mca":
+      params = with_mca_head(params, self.vcfg, self.cfg.seed + 17)
     if self.mesh is None:
       state = state_lib.create(params, self.tx, self.cfg.seed)
     else:
-      sh = shd.param_shardings(params, self.mesh, self.cfg.strategy, axes=vlm.AXES)
+      sh = shd.param_shardings(params, self.mesh, self.cfg.strategy, axes=AXES)
       params = jax.tree.map(lambda x, s: jax.device_put(x, s, may_alias=False), params, sh)
       state = state_lib.state_from_params(params, self.tx, self.cfg.seed, self.mesh, self.cfg.strategy,
-                                          axes=vlm.AXES)
+                                          axes=AXES)
     step = self.steps[loss]
     with open(os.path.join(self.out_dir, "metrics.jsonl"), "a") as f:
       for s in range(steps):
@@ -94,7 +117,7 @@ class Trainer:
         if s % self.cfg.log_every == 0 or s == steps - 1:
           f.write(metrics_lib.json_line({"stage": name, "step": s, "loss": float(m["loss"]),
                                          "grad_norm": float(m["grad_norm"])}))
-    return state.params
+    return {k: v for k, v in state.params.items() if k != "mca_head"}
 
 
 def vlm_config(cfg: Config) -> vlm.Config:
@@ -115,16 +138,15 @@ def workloads(cfg: Config, mesh) -> list:
   from experiments.runner import plan as plan_lib
   vcfg = vlm_config(cfg)
   tx, sched = _optimizer(cfg)
-  state = state_lib.abstract_state(functools.partial(vlm.init, vcfg), tx, mesh, cfg.strategy, axes=vlm.AXES)
-  steps = train_steps(cfg, vcfg, tx, sched, mesh, state)
+  states = abstract_states(cfg, vcfg, tx, mesh)
+  steps = train_steps(cfg, vcfg, tx, sched, mesh, states)
   b, k, t, s = cfg.questions_per_step, cfg.rad.max_positives, cfg.seq_len, vcfg.vision.image_size
   r = k + len(rad.FLAWS)
   i32, f32 = "int32", "float32"
   ce = plan_lib.batch(mesh, {"inputs": ((b, k, t), i32), "targets": ((b, k, t), i32), "loss_mask": ((b, k, t), i32),
                              "pixels": ((b * k, s, s, 3), f32)})
   mca = plan_lib.batch(mesh, {"inputs": ((b, r, t), i32), "targets": ((b, r, t), i32), "loss_mask": ((b, r, t), i32),
-                              "span_mask": ((b, r, t), i32), "anchor_mask": ((b, t), i32), "role": ((b, r), i32),
-                              "pixels": ((b * r, s, s, 3), f32)})
+                              "role": ((b, r), i32), "pixels": ((b * r, s, s, 3), f32)})
   p1, p2 = cfg.phase1_steps, cfg.phase2_steps
   e = cfg.eval_batch
   length = min(t, -(-(1 + vcfg.tokens_per_image + PLAN_QUESTION_TOKENS + PLAN_NEW_TOKENS) // 16) * 16)
@@ -132,9 +154,10 @@ def workloads(cfg: Config, mesh) -> list:
                                   "pixels": ((e, s, s, 3), f32)})
   calls = 7 if cfg.vlm_path is not None else 11  # test split: 6 decodes + given negatives; + 4 on misleading cues
   questions = PLAN_TEST_QUESTIONS if cfg.vlm_path is not None else cfg.n_test_scenes * len(cfg.rad.kinds)
+  state = states["ce"]
   return [plan_lib.Workload("train_step.ce", "train", steps["ce"], (state, ce), 3 * p1 + 4 * p2,
                             pipe.forward_flops(vcfg, b * k, b * k, t, train=True)),
-          plan_lib.Workload("train_step.mca", "train", steps["mca"], (state, mca), p1,
+          plan_lib.Workload("train_step.mca", "train", steps["mca"], (states["mca"], mca), p1,
                             pipe.forward_flops(vcfg, b * r, b * r, t, train=True)),
           plan_lib.Workload("generate", "generate", data_lib.decoder(vcfg, length, 0),
                             (state.params, gen["tokens"], gen["lengths"], gen["pixels"],
