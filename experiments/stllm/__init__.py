@@ -55,6 +55,7 @@ class Config:
   n_layers: int = 2
   vit_width: int = 16
   patch: int = 8
+  video_pool: int = 1  # average-pool stride over each frame's patch grid (LLaVA-Video pools 2 x 2)
   point_widths: tuple[int, int] = (16, 32)
   point_centres: tuple[int, int] = (32, 8)
   ray_freqs: int = 4
@@ -83,7 +84,7 @@ class Config:
   seed: int = 0
 
   def __post_init__(self):
-    for name in ("d_model", "n_layers", "vit_width", "patch", "n_latents", "aligner_layers", "n_train_rooms",
+    for name in ("d_model", "n_layers", "vit_width", "patch", "video_pool", "n_latents", "aligner_layers", "n_train_rooms",
                  "n_test_rooms", "lm_rooms", "lm_steps", "steps", "batch", "eval_batch", "log_every",
                  "judge_new_tokens", "judge_batch"):
       if getattr(self, name) < 1:
@@ -91,8 +92,9 @@ class Config:
     if self.lr <= 0 or self.warmup < 0 or self.ray_freqs < 0:
       raise ValueError(f"stllm.Config: expected lr > 0, warmup >= 0, ray_freqs >= 0, found lr={self.lr}, "
                        f"warmup={self.warmup}, ray_freqs={self.ray_freqs}")
-    if self.room.image_size % self.patch:
-      raise ValueError(f"stllm.Config: patch ({self.patch}) must divide room.image_size ({self.room.image_size})")
+    if self.room.image_size % self.patch or (self.room.image_size // self.patch) % self.video_pool:
+      raise ValueError(f"stllm.Config: patch ({self.patch}) must divide room.image_size ({self.room.image_size}) and "
+                       f"video_pool ({self.video_pool}) the patch grid")
     if self.d_model % 4 or self.vit_width % 4:
       raise ValueError(f"stllm.Config: d_model and vit_width must be multiples of 4 (heads), found {self.d_model}, "
                        f"{self.vit_width}")
@@ -125,7 +127,7 @@ PRESETS = {
                    lm_path=registry.Hub("Qwen/Qwen2-7B-Instruct"), mesh="fsdp:-1", strategy="fsdp",
                    room=rooms.RoomConfig(points_per_furniture=256, points_per_object=64, image_size=336,
                                          n_frames=16),
-                   vit_width=1152, patch=14, point_widths=(256, 768), point_centres=(512, 128), ray_freqs=127,
+                   vit_width=1152, patch=14, video_pool=2, point_widths=(256, 768), point_centres=(512, 128), ray_freqs=127,
                    n_latents=32, aligner_layers=6, steps=3000, batch=8, lr=2e-5, warmup=100, eval_batch=8),
 }
 

@@ -28,7 +28,8 @@ def model_config(cfg: Config, kind: str, text: tfm.Config, video_id: int, points
   rc = cfg.room
   v = vit.clip_config(image_size=rc.image_size, patch_size=cfg.patch, d_model=cfg.vit_width, n_layers=1,
                       n_heads=4, d_ff=2 * cfg.vit_width)
-  video = video_lib.Config(features=mm.VitFeatures(vision=v, feature_layers=(-1,)), n_frames=rc.n_frames)
+  video = video_lib.Config(features=mm.VitFeatures(vision=v, feature_layers=(-1,)), n_frames=rc.n_frames,
+                           spatial_pool=cfg.video_pool)
   (w1, w2), (c1, c2) = cfg.point_widths, cfg.point_centres
   s = rc.size
   points = pointcloud.Config(n_points=rc.n_points, in_features=6, ray_freqs=cfg.ray_freqs if kind == "stllm_aligner"
@@ -234,7 +235,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     train, test, tok, text, lm_params, vid, pid = full.load(cfg)
   else:
     tok = load_tokenizer(scenes_lib.save_tokenizer(os.path.join(out_dir, "tokenizer"), rea.vocabulary()))
-    n_pos = 8 + cfg.n_latents + cfg.room.n_frames * (cfg.room.image_size // cfg.patch) ** 2 + cfg.point_centres[1] + 40
+    n_pos = 8 + cfg.n_latents + cfg.room.n_frames * (cfg.room.image_size // cfg.patch // cfg.video_pool) ** 2 + \
+        cfg.point_centres[1] + 40
     text = tfm.Config(vocab_size=-(-tok.vocab_size // 16) * 16, d_model=cfg.d_model, n_layers=cfg.n_layers,
                       n_heads=4, d_ff=4 * cfg.d_model, max_position_embeddings=n_pos, bos_token_id=tok.bos_id,
                       eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)

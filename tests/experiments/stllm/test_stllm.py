@@ -156,11 +156,20 @@ def test_registered_with_presets_and_claims():
 
 @pytest.mark.parametrize("kw,match", [({"steps": 0}, "steps must be >= 1, found 0"), ({"lr": 0.0}, "expected lr > 0"),
                                       ({"patch": 5}, r"patch \(5\) must divide room.image_size \(16\)"),
+                                      ({"video_pool": 3}, r"video_pool \(3\) the patch grid"),
                                       ({"point_centres": (8, 32)}, "point_centres must satisfy")])
 def test_bad_config_is_a_one_line_error(kw, match):
   with pytest.raises(ValueError, match=match) as e:
     EXP.config_cls(**kw)
   assert "\n" not in str(e.value)
+
+
+def test_full_preset_pools_each_frame_as_llava_video():
+  full_cfg = EXP.presets["full"]
+  mcfg = ST.model_config(full_cfg, "video_only", tfm.Config(vocab_size=64, d_model=32, n_layers=1, n_heads=4,
+                                                             d_ff=64), 62, 63)
+  assert mcfg.video.features.vision.grid == 24 and mcfg.video.tokens_per_frame == 12 * 12
+  assert mcfg.video_tokens == full_cfg.room.n_frames * 144
 
 
 def test_full_preset_paths_are_one_line_errors(tmp_path):
