@@ -133,7 +133,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   schedule, tx = _optimizer(cfg)
   state = state_lib.abstract_state(functools.partial(tfm.init, cfg.model), tx, mesh, cfg.strategy, axes=tfm.AXES)
   train_step, eval_step = _steps(cfg, tx, schedule, state, mesh)
-  batch = plan_lib.batch(mesh, {k: ((cfg.batch_size, cfg.seq_len), "int32") for k in data_lib.KEYS})
+  batch = shd.abstract_rows({k: ((cfg.batch_size, cfg.seq_len), "int32") for k in data_lib.KEYS}, mesh)
   train_flops = tfm.flops_per_token(cfg.model, cfg.seq_len) * cfg.batch_size * cfg.seq_len
   evals = (cfg.steps // cfg.eval.every if cfg.eval.every else 0) + (1 if cfg.eval.every == 0 or cfg.steps %
                                                                       cfg.eval.every else 0)

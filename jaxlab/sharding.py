@@ -254,6 +254,26 @@ def batch_sharding(mesh) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH_AXES))
 
 
+def rows_sharding(mesh, shape) -> NamedSharding:
+  """The sharding of an array of `shape`: its leading (row) dim over the batch axes when they divide it, else
+  replicated (a pass over fewer rows than batch shards runs each row on every chip of its group)."""
+  n = math.prod(mesh.shape[a] for a in BATCH_AXES)
+  return NamedSharding(mesh, P(BATCH_AXES) if shape and shape[0] % n == 0 else P())
+
+
+def shard_rows(tree, mesh):
+  """Host arrays placed on `mesh` by `rows_sharding` (single process); unchanged without a mesh."""
+  if mesh is None:
+    return tree
+  return jax.tree.map(lambda x: jax.device_put(x, rows_sharding(mesh, np.shape(x))), tree)
+
+
+def abstract_rows(shapes: dict, mesh) -> dict:
+  """name -> (shape, dtype) as the ShapeDtypeStructs `shard_rows` gives such arrays on `mesh`."""
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sharding(mesh, shape)) for k, (shape, dtype) in
+          shapes.items()}
+
+
 def shard_batch(batch, mesh):
   """A tree of process-local host arrays -> global arrays, batch dim over ("data", "fsdp").
 

@@ -367,8 +367,8 @@ def eval_workloads(setup: Setup, model_cfg: tfm.Config, params, mesh, evaluation
   b, t, new = min(setup.eval_batch, test_examples), setup.plan_prompt_len, setup.max_new_tokens
   chunks = evaluations * -(-test_examples // b)
   pad = model_cfg.pad_token_id or 0
-  prompts = plan_lib.batch(mesh, {"ids": ((b, t), "int32"), "mask": ((b, t), "int32")})
-  rows = plan_lib.batch(mesh, {k: ((b, setup.seq_len), "int32") for k in ("inputs", "targets", "loss_mask")})
+  prompts = shd.abstract_rows({"ids": ((b, t), "int32"), "mask": ((b, t), "int32")}, mesh)
+  rows = shd.abstract_rows({k: ((b, setup.seq_len), "int32") for k in ("inputs", "targets", "loss_mask")}, mesh)
   gen_flops = tfm.flops_per_token(model_cfg, t + new) / 3 * b * (t + new)
   nll_flops = tfm.flops_per_token(model_cfg, setup.seq_len) / 3 * b * setup.seq_len
   return [plan_lib.Workload("generate", "generate", greedy_step(model_cfg, new, pad),

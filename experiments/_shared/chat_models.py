@@ -5,7 +5,6 @@ plan`, a chat model's config without its weights (`model_config`), its params pl
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import jax
@@ -67,29 +66,9 @@ def abstract_params(cfg: tfm.Config, mesh, strategy: str):
   return shd.sharded_shapes(tfm.init, mesh, strategy, cfg, jax.random.PRNGKey(0), axes=tfm.AXES)
 
 
-def _row_sharding(mesh, shape):
-  n = math.prod(mesh.shape[a] for a in shd.BATCH_AXES)
-  spec = P(shd.BATCH_AXES) if shape and shape[0] % n == 0 else P()
-  return NamedSharding(mesh, spec)
-
-
 def params_mesh(params):
   """The mesh abstract params are sharded over."""
   return jax.tree.leaves(params)[0].sharding.mesh
-
-
-def shard_rows(tree, mesh):
-  """Host arrays placed on `mesh` with their leading (row) dim over the batch axes, or replicated where the rows
-  do not divide over them; unchanged without a mesh."""
-  if mesh is None:
-    return tree
-  return jax.tree.map(lambda x: jax.device_put(x, _row_sharding(mesh, np.shape(x))), tree)
-
-
-def abstract_rows(shapes: dict, mesh) -> dict:
-  """name -> (shape, dtype) as the ShapeDtypeStructs `shard_rows` gives such arrays on `mesh`."""
-  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=_row_sharding(mesh, shape))
-          for k, (shape, dtype) in shapes.items()}
 
 
 def generate_workload(name: str, cfg: tfm.Config, params, batch: int, prompt_len: int, max_new: int, steps: int,
@@ -105,7 +84,7 @@ def generate_workload(name: str, cfg: tfm.Config, params, batch: int, prompt_len
     return sample(params, cfg, prompt_BT, max_new, temperature=temperature, key=key, prompt_mask=mask_BT,
                   stop_tokens=stop, pad_id=pad_id, return_logprobs=return_logprobs)
   mesh = params_mesh(params)
-  rows = abstract_rows({"rows": ((batch, prompt_len), np.int32)}, mesh)["rows"]
+  rows = shd.abstract_rows({"rows": ((batch, prompt_len), np.int32)}, mesh)["rows"]
   key = jax.eval_shape(functools.partial(jax.random.key, 0))
   key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=NamedSharding(mesh, P()))
   tokens = prompt_len + max_new

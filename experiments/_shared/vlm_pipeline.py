@@ -253,20 +253,6 @@ def place(params, mesh, strategy: str):
   return shd.shard_params(params, mesh, strategy, axes=vlm.AXES)
 
 
-def rows_sharding(mesh, n: int):
-  """The sharding of an array of `n` rows: rows over the mesh's batch axes when they divide `n`, else replicated
-  (a forward pass over fewer rows than chips runs each row on every chip of its fsdp group)."""
-  from jax.sharding import NamedSharding, PartitionSpec
-  size = int(np.prod([mesh.shape[a] for a in shd.BATCH_AXES]))
-  return shd.batch_sharding(mesh) if n % size == 0 else NamedSharding(mesh, PartitionSpec())
-
-
-def abstract_rows(mesh, shapes: dict) -> dict:
-  """name -> ((shape), dtype) as ShapeDtypeStructs sharded by `rows_sharding` over their leading dimension."""
-  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sharding(mesh, shape[0]))
-          for k, (shape, dtype) in shapes.items()}
-
-
 def prompt_ids(tok, prompt: str, cfg: vlm.Config) -> list[int]:
   """A prompt with one "<image>" as token ids: bos (if the tokenizer has one), the text before, the image tokens,
   the text after."""

@@ -13,8 +13,7 @@ import numpy as np
 
 from experiments import registry
 from experiments._shared import recipes
-from experiments._shared.chat_models import (abstract_rows, answer, generate_workload, load_chat_model, model_config,
-                                             place, shard_rows)
+from experiments._shared.chat_models import answer, generate_workload, load_chat_model, model_config, place
 from experiments.bao import agent, train
 from experiments.bao import function as fn_gym
 from experiments.bao import turtle as tt_gym
@@ -155,7 +154,7 @@ def fit(cfg, step, tx, params, codec, episodes, steps: int, seed: int, phase: st
   rows = [r for e in episodes for r in agent.sft_rows(codec, e.history)]
   state = state_lib.state_from_params(_copy(params), tx, seed)  # the step donates its state
   batches = train.lm_batches(rows, cfg.batch, cfg.max_len, seed, cfg.bucket)
-  res = loop_lib.train_loop(state, step, batches, steps, shard_fn=lambda b: shard_rows(b, mesh),
+  res = loop_lib.train_loop(state, step, batches, steps, shard_fn=lambda b: shd.shard_rows(b, mesh),
                             log_every=max(1, steps // 5), desc=phase)
   for h in res.history:
     writer.write({"phase": phase, **{k: v for k, v in h.items() if isinstance(v, (int, float))}})
@@ -192,7 +191,7 @@ def grpo(cfg, step, tx, params, policy, makes, reg: bao_lib.Regularizers, writer
     for _ in range(cfg.updates_per_batch):
       for batch in train.minibatches(eps, advs, cfg.minibatch, cfg.max_new_tokens, cfg.bucket,
                                      cfg.max_len - cfg.max_new_tokens, order):
-        state, m = step(state, shard_rows(batch, policy.mesh))
+        state, m = step(state, shd.shard_rows(batch, policy.mesh))
         losses_.append(float(m["loss"]))
     pen = [sum(bao_lib.penalized_rewards([t.reward for t in e.turns], [t.user for t in e.turns],
                                          [t.reward > 0 for t in e.turns], sum(len(t.reply) for t in e.turns), reg))
@@ -282,12 +281,12 @@ def workloads(cfg, mesh) -> list[plan_lib.Workload]:
   sft_state = state_lib.abstract_state(init, tx, mesh, cfg.strategy, axes=tfm.AXES)
   rl_state = state_lib.abstract_state(init, rtx, mesh, cfg.strategy, axes=tfm.AXES)
   i32 = np.int32
-  sft_batch = abstract_rows({k: ((cfg.batch, cfg.max_len), i32) for k in ("inputs", "targets", "loss_mask")}, mesh)
-  grpo_batch = abstract_rows({"prompt": ((cfg.minibatch, prompt), i32), "prompt_mask": ((cfg.minibatch, prompt), i32),
-                              "tokens": ((cfg.minibatch, cfg.max_new_tokens), i32),
-                              "completion_mask": ((cfg.minibatch, cfg.max_new_tokens), i32),
-                              "old_logp": ((cfg.minibatch, cfg.max_new_tokens), np.float32),
-                              "advantages": ((cfg.minibatch,), np.float32)}, mesh)
+  sft_batch = shd.abstract_rows({k: ((cfg.batch, cfg.max_len), i32) for k in ("inputs", "targets", "loss_mask")}, mesh)
+  grpo_batch = shd.abstract_rows({"prompt": ((cfg.minibatch, prompt), i32), "prompt_mask": ((cfg.minibatch, prompt), i32),
+                                  "tokens": ((cfg.minibatch, cfg.max_new_tokens), i32),
+                                  "completion_mask": ((cfg.minibatch, cfg.max_new_tokens), i32),
+                                  "old_logp": ((cfg.minibatch, cfg.max_new_tokens), np.float32),
+                                  "advantages": ((cfg.minibatch,), np.float32)}, mesh)
   stop = (model.eos_token_id,) if isinstance(model.eos_token_id, int) else tuple(model.eos_token_id or ())
   gen = functools.partial(generate_workload, cfg=model, params=rl_state.params, batch=batch, prompt_len=prompt,
                           max_new=cfg.max_new_tokens, stop=stop, pad_id=agent.PAD)

@@ -19,8 +19,8 @@ from typing import NamedTuple, Sequence
 import jax
 import numpy as np
 
-from experiments._shared.chat_models import shard_rows
 from experiments.bao import agent
+from jaxlab import sharding as shd
 from jaxlab.envs import base as envs
 from jaxlab.generate import sample
 from experiments.bao import objective as bao_lib
@@ -87,7 +87,7 @@ class Policy:
     for i in range(0, len(prompts), self.batch):
       chunk = prompts[i:i + self.batch]
       width = min(_bucket(max(len(p) for p in chunk), self.bucket), self.max_prompt)
-      toks, mask = shard_rows(left_pad(chunk + [[agent.PAD]] * (self.batch - len(chunk)), width), self.mesh)
+      toks, mask = shd.shard_rows(left_pad(chunk + [[agent.PAD]] * (self.batch - len(chunk)), width), self.mesh)
       k = None if key is None else jax.random.fold_in(key, i)
       out = sample(params, self.cfg, toks, self.max_new, temperature=temperature, key=k, prompt_mask=mask,
                    stop_tokens=(self.codec.eos,), pad_id=0, return_logprobs=True)

@@ -272,7 +272,7 @@ def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int
   generation program (`generation_fn`).
   """
   import jax
-  from experiments._shared.chat_models import chat_ids, load_chat_model, shard_rows, stop_tokens
+  from experiments._shared.chat_models import chat_ids, load_chat_model, stop_tokens
   from jaxlab.nn import layers
   mcfg, params, tok = loaded or load_chat_model(model)
   stops = stop_tokens(mcfg, tok)
@@ -295,7 +295,7 @@ def chat_generator(model: str, max_new_tokens: int, batch_size: int, bucket: int
       for b, i in enumerate(part):
         toks[b, t - len(ids[i]):], mask[b, t - len(ids[i]):] = ids[i], 1
       toks[len(part):], mask[len(part):] = toks[0], mask[0]
-      toks, mask = shard_rows((toks, mask), mesh)
+      toks, mask = shd.shard_rows((toks, mask), mesh)
       if embed is None:
         x = lookup(toks)
       else:
@@ -476,7 +476,7 @@ def workloads(cfg: Config, mesh) -> list:
 
   import jax
   from experiments._shared import recipes
-  from experiments._shared.chat_models import abstract_params, abstract_rows, model_config
+  from experiments._shared.chat_models import abstract_params, model_config
   from experiments.bfcl_audio import true_audio
   from experiments.runner import plan as plan_lib
   from jaxlab.audio import asr
@@ -497,8 +497,8 @@ def workloads(cfg: Config, mesh) -> list:
   stops = tuple(sorted({mcfg.eos_token_id} if isinstance(mcfg.eos_token_id, int) else set(mcfg.eos_token_id or ())))
 
   def generation(name, prompt_len, max_new, steps):
-    rows = abstract_rows({"tokens": ((b, prompt_len), i32), "embeds": ((b, prompt_len, mcfg.d_model), mcfg.dtype)},
-                         mesh)
+    rows = shd.abstract_rows({"tokens": ((b, prompt_len), i32), "embeds": ((b, prompt_len, mcfg.d_model), mcfg.dtype)},
+                             mesh)
     tokens = prompt_len + max_new
     return plan_lib.Workload(name, "generate", generation_fn(mcfg, max_new, stops, mcfg.pad_token_id or 0),
                              (params, rows["tokens"], rows["tokens"], rows["embeds"]), steps,
@@ -555,9 +555,9 @@ def workloads(cfg: Config, mesh) -> list:
       state = jax.eval_shape(lambda p: state_lib.create(p, tx, cfg.seed), {"connector": connector, "lm": params})
       state = replicated(state)._replace(params={"connector": connector, "lm": params})
       e = tcfg.encoder.width(tcfg.encoder_cfg)
-      batch = abstract_rows({"inputs": ((cfg.align_batch, t), i32), "targets": ((cfg.align_batch, t), i32),
-                             "loss_mask": ((cfg.align_batch, t), i32),
-                             "features": ((cfg.align_batch, cfg.audio_tokens, e), np.float32)}, mesh)
+      batch = shd.abstract_rows({"inputs": ((cfg.align_batch, t), i32), "targets": ((cfg.align_batch, t), i32),
+                                 "loss_mask": ((cfg.align_batch, t), i32),
+                                 "features": ((cfg.align_batch, cfg.audio_tokens, e), np.float32)}, mesh)
       step = recipes.train_step(true_audio.connector_loss(tcfg), tx)
       out.append(plan_lib.Workload("connector_train_step", "train", step, (state, batch), cfg.align_steps,
                                    2 / 3 * tfm.flops_per_token(mcfg, t) * cfg.align_batch * t))

@@ -39,6 +39,7 @@ import numpy as np
 from experiments._shared import recipes
 from experiments.bfcl_audio import speech
 from jaxlab import losses
+from jaxlab import sharding as shd
 from jaxlab.audio import mel as mel_lib
 from jaxlab.models import multimodal
 from jaxlab.models import vlm
@@ -135,7 +136,6 @@ def train_connector(mcfg: multimodal.Config, lm_params, connector, data: dict, *
   """`connector_optimizer`'s AdamW on the connector alone through the frozen LM (`recipes.fit` of
   `connector_loss`); data: align_batch's arrays plus features, batch rows placed on `mesh` as `shard_rows` places
   them. Returns (connector, loss history)."""
-  from experiments._shared.chat_models import shard_rows
   schedule, tx = connector_optimizer(steps, lr)
   # the step donates its state, which holds copies, so the caller's params stay alive
   state = state_lib.create(jax.tree.map(jnp.copy, {"connector": connector, "lm": lm_params}), tx, seed)
@@ -145,7 +145,7 @@ def train_connector(mcfg: multimodal.Config, lm_params, connector, data: dict, *
   def batches():
     while True:
       idx = rng.choice(n, batch, replace=n < batch)
-      yield shard_rows({k: jnp.asarray(v[idx]) for k, v in data.items()}, mesh)
+      yield shd.shard_rows({k: jnp.asarray(v[idx]) for k, v in data.items()}, mesh)
 
   res, _ = recipes.fit(state, connector_loss(mcfg), tx, batches(), steps,
                        schedule=schedule, metrics_path=metrics_path, log_every=max(1, steps // 20),

@@ -257,7 +257,7 @@ def workloads(cfg: Config, mesh) -> list:
   base = chat_models.abstract_params(model_cfg, mesh, cfg.strategy)
   specs, _ = method_specs(cfg, lora.target_paths(base, cfg.targets))
   seq = cfg.setup.seq_len
-  batch = plan_lib.batch(mesh, {k: ((cfg.batch_size, seq), "int32") for k in ("inputs", "targets", "loss_mask")})
+  batch = shd.abstract_rows({k: ((cfg.batch_size, seq), "int32") for k in ("inputs", "targets", "loss_mask")}, mesh)
   flops = tfm.flops_per_token(model_cfg, seq) * cfg.batch_size * seq
   out = []
   for method in cfg.methods:

@@ -281,7 +281,7 @@ def workloads(cfg: Config, mesh) -> list:
 
   def batch(shapes):  # without cfg.mesh the run shards nothing: every argument whole on its device
     if cfg.mesh:
-      return plan_lib.batch(mesh, shapes)
+      return shd.abstract_rows(shapes, mesh)
     rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     return {k: jax.ShapeDtypeStruct(s, d, sharding=rep) for k, (s, d) in shapes.items()}
 

@@ -115,11 +115,11 @@ def workloads(cfg: Config, mesh) -> list:
   vcfg = vlm_config(cfg)
   params = pipe.abstract_params(vcfg, mesh, cfg.strategy)
   b, t = cfg.index_batch, cfg.index_bucket
-  idx = pipe.abstract_rows(mesh, {"tokens": ((b, t), "int32"), "mask": ((b, t), "int32")})
+  idx = shd.abstract_rows({"tokens": ((b, t), "int32"), "mask": ((b, t), "int32")}, mesh)
   prompt = pipe.planned_prompt(cfg.prompt, vcfg) if cfg.vlm_path is not None else \
       [1] + [vcfg.image_token_id] * vcfg.tokens_per_image
   s = vcfg.vision.image_size
-  pix = pipe.abstract_rows(mesh, {"pixels": ((cfg.eval_batch, s, s, 3), "float32")})["pixels"]
+  pix = shd.abstract_rows({"pixels": ((cfg.eval_batch, s, s, 3), "float32")}, mesh)["pixels"]
   return [plan_lib.Workload("index_forward", "forward", hidden_fn(vcfg.text), (params["lm"], idx["tokens"],
                                                                                 idx["mask"]),
                             -(-cfg.index_texts // b), tfm.flops_per_token(vcfg.text, t) / 3 * b * t),

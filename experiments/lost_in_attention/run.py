@@ -195,8 +195,8 @@ def workloads(cfg: Config, mesh) -> list:
     longest = full_length(head, cfg)
   params = pipe.abstract_params(vcfg, mesh, cfg.strategy)
   b, s = cfg.eval_batch, vcfg.vision.image_size
-  x = pipe.abstract_rows(mesh, {"geometry": ((b, head), "int32"), "tokens": ((b, longest - 1), "int32"),
-                                "pixels": ((b, s, s, 3), "float32")})
+  x = shd.abstract_rows({"geometry": ((b, head), "int32"), "tokens": ((b, longest - 1), "int32"),
+                         "pixels": ((b, s, s, 3), "float32")}, mesh)
   chunks = -(-cfg.n_eval_scenes // b)
   passes = 1 + len(INTERVENTIONS) * (1 + (vcfg.text.n_layers if cfg.per_layer else 0))
   return [plan_lib.Workload("geometry_forward", "forward", geometry_fn(vcfg), (params, x["geometry"], x["pixels"]),

@@ -143,15 +143,15 @@ def workloads(cfg: Config, mesh) -> list:
   b, k, t, s = cfg.questions_per_step, cfg.rad.max_positives, cfg.seq_len, vcfg.vision.image_size
   r = k + len(rad.FLAWS)
   i32, f32 = "int32", "float32"
-  ce = plan_lib.batch(mesh, {"inputs": ((b, k, t), i32), "targets": ((b, k, t), i32), "loss_mask": ((b, k, t), i32),
-                             "pixels": ((b * k, s, s, 3), f32)})
-  mca = plan_lib.batch(mesh, {"inputs": ((b, r, t), i32), "targets": ((b, r, t), i32), "loss_mask": ((b, r, t), i32),
-                              "role": ((b, r), i32), "pixels": ((b * r, s, s, 3), f32)})
+  ce = shd.abstract_rows({"inputs": ((b, k, t), i32), "targets": ((b, k, t), i32), "loss_mask": ((b, k, t), i32),
+                          "pixels": ((b * k, s, s, 3), f32)}, mesh)
+  mca = shd.abstract_rows({"inputs": ((b, r, t), i32), "targets": ((b, r, t), i32), "loss_mask": ((b, r, t), i32),
+                           "role": ((b, r), i32), "pixels": ((b * r, s, s, 3), f32)}, mesh)
   p1, p2 = cfg.phase1_steps, cfg.phase2_steps
   e = cfg.eval_batch
   length = min(t, -(-(1 + vcfg.tokens_per_image + PLAN_QUESTION_TOKENS + PLAN_NEW_TOKENS) // 16) * 16)
-  gen = pipe.abstract_rows(mesh, {"tokens": ((e, length), i32), "lengths": ((e,), i32),
-                                  "pixels": ((e, s, s, 3), f32)})
+  gen = shd.abstract_rows({"tokens": ((e, length), i32), "lengths": ((e,), i32),
+                           "pixels": ((e, s, s, 3), f32)}, mesh)
   calls = 7 if cfg.vlm_path is not None else 11  # test split: 6 decodes + given negatives; + 4 on misleading cues
   questions = PLAN_TEST_QUESTIONS if cfg.vlm_path is not None else cfg.n_test_scenes * len(cfg.rad.kinds)
   state = states["ce"]

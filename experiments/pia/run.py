@@ -15,9 +15,8 @@ import yaml
 
 from experiments import registry
 from experiments.runner import splits as splits_lib
-from experiments._shared.chat_models import (abstract_params, abstract_rows, chat_ids, generate_workload,
-                                             load_chat_model, model_config, place, resolve_model, shard_rows,
-                                             stop_tokens)
+from experiments._shared.chat_models import (abstract_params, chat_ids, generate_workload, load_chat_model, model_config,
+                                             place, resolve_model, stop_tokens)
 from experiments.runner import plan as plan_lib
 from jaxlab import losses
 from jaxlab import sharding as shd
@@ -125,7 +124,7 @@ class Model:
       ids, mask = np.full((b, t), pad, np.int32), np.zeros((b, t), np.int32)
       for i, r in enumerate(chunk + [chunk[0]] * (b - len(chunk))):
         ids[i, t - len(r):], mask[i, t - len(r):] = r, 1
-      ids, mask = shard_rows((ids, mask), self.mesh)
+      ids, mask = shd.shard_rows((ids, mask), self.mesh)
       res = sample(params, self.cfg, ids, self.max_new_tokens, prompt_mask=mask, stop_tokens=self.stops, pad_id=pad)
       toks, lens = np.asarray(res.tokens), np.asarray(res.lengths)
       out += [self.tok.decode(toks[i, :lens[i]]).strip() for i in range(len(chunk))]
@@ -172,7 +171,7 @@ def with_reference(fn, params, batch: dict, rows: int, mesh=None) -> dict:
   n, out = len(batch["chosen_inputs"]), ([], [])
   for s in range(0, n, rows):
     idx = np.minimum(np.arange(s, s + rows), n - 1) if s + rows > n else np.arange(s, s + rows)
-    c, r = fn(params, shard_rows({k: batch[k][idx] for k in keys}, mesh))
+    c, r = fn(params, shd.shard_rows({k: batch[k][idx] for k in keys}, mesh))
     out[0].append(np.asarray(c, np.float32)[:min(rows, n - s)])
     out[1].append(np.asarray(r, np.float32)[:min(rows, n - s)])
   return dict(batch, ref_chosen_logp=np.concatenate(out[0]), ref_rejected_logp=np.concatenate(out[1]))
@@ -211,7 +210,7 @@ def _train(model, cfg: Config, pairs: dict, sft: dict | None, lam: float, alpha:
     if sft:
       si = rng.choice(n_sft, min(cfg.sft_per_step, n_sft), replace=False)
       batch.update({k: v[si] for k, v in sft.items()})
-    state, m = step(state, dict(shard_rows(batch, model.mesh), base=model.params))
+    state, m = step(state, dict(shd.shard_rows(batch, model.mesh), base=model.params))
     log({"phase": name, "step": i, "loss": float(m["loss"]), **{k: float(m[k]) for k in picl.STATS}})
   return lora.merge(model.params, state.params, lcfg)
 
@@ -342,7 +341,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   i32 = np.int32
   pair = {k: ((p, t), i32) for k in ("chosen_inputs", "chosen_targets", "chosen_mask", "rejected_inputs",
                                      "rejected_targets", "rejected_mask")}
-  ref_batch = abstract_rows(pair, mesh)
+  ref_batch = shd.abstract_rows(pair, mesh)
   pic = {"clean_inputs": ((p, t), i32), "persona_index": ((p, w), i32), "clean_index": ((p, w), i32),
          "response_mask": ((p, w), i32), "has_persona": ((p,), np.bool_), "ref_chosen_logp": ((p,), np.float32),
          "ref_rejected_logp": ((p,), np.float32)}
@@ -359,7 +358,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
     step, tx = train_step(mcfg, cfg, lam, alpha)
     state = jax.eval_shape(lambda b, tx=tx: state_lib.create(lora.init(lcfg, b, jax.random.PRNGKey(0)), tx),
                            params)
-    batch = abstract_rows({**pair, **pic, **extra}, mesh)  # DPO-only keeps PIC's keys
+    batch = shd.abstract_rows({**pair, **pic, **extra}, mesh)  # DPO-only keeps PIC's keys
     flops = 3 * rows * fwd + (p * fwd if lam else 0)
     out.append(plan_lib.Workload(name, "train", step, (_replicated(state, mesh), dict(batch, base=params)),
                                  cfg.steps, flops))

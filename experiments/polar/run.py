@@ -11,8 +11,7 @@ import numpy as np
 import optax
 
 from experiments import registry
-from experiments._shared.chat_models import (abstract_params, abstract_rows, chat_ids, load_chat_model, model_config,
-                                             place, shard_rows)
+from experiments._shared.chat_models import abstract_params, chat_ids, load_chat_model, model_config, place
 from experiments.runner import plan as plan_lib
 from experiments.runner import splits
 from jaxlab import hf
@@ -141,7 +140,7 @@ class Scorer:
       n = min(max(4, 1 << (len(part) - 1).bit_length()), self.batch)  # a power of two: few compiled shapes
       p = -(-max(max(len(x) for x in part), 1) // 8) * 8
       padded = programs.pad(part + [[]] * (n - len(part)), p, self.mcfg.n_layers)
-      logits = np.asarray(self._fn(self.params, tok, mask, len(ids) - 1, shard_rows(padded, self.mesh)))[:len(part)]
+      logits = np.asarray(self._fn(self.params, tok, mask, len(ids) - 1, shd.shard_rows(padded, self.mesh)))[:len(part)]
       self.calls += 1
       out.append(margins(logits, row["answer"], row["choices"]))
     return np.concatenate(out)
@@ -433,7 +432,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   tokens = jax.ShapeDtypeStruct((1, t), np.int32, sharding=rep)
   last = jax.ShapeDtypeStruct((), np.int32, sharding=rep)
-  progs = abstract_rows({"programs": ((b, p), np.int32)}, mesh)["programs"]
+  progs = shd.abstract_rows({"programs": ((b, p), np.int32)}, mesh)["programs"]
   per_layer = (tfm.flops_per_token(mcfg, t) / 3 - 2 * mcfg.d_model * mcfg.vocab_size) / n  # one layer, one token
   score_flops = b * (t * p * per_layer + 2 * mcfg.d_model * mcfg.vocab_size)
   pcfg = pp.Config(n_layers=n, d_in=embedder_width(cfg.embedder), d_model=cfg.d_model, n_heads=cfg.n_heads,

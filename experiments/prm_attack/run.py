@@ -17,6 +17,7 @@ from experiments._shared import adapters, recipes
 from experiments.runner import plan as plan_lib, splits
 from experiments._shared.chat_models import load_chat_model
 from jaxlab import losses
+from jaxlab import sharding as shd
 from jaxlab.data import tokenizers
 from jaxlab.data.tasks import arithmetic as ar
 from jaxlab.hf import reward as hf_reward
@@ -229,7 +230,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   head = abstract(jax.eval_shape(lambda: heads.init(head_cfg, jax.random.key(0))))
   fwd_flops = lambda b, t: tfm.flops_per_token(lm_cfg, t) / 3 * b * t  # 2·N·tokens (+ attention)
   width = (cfg.batch, PLAN_WIDTH)
-  rows = plan_lib.batch(mesh, {"tokens": (width, "int32"), "mask": (width, "int32")})
+  rows = shd.abstract_rows({"tokens": (width, "int32"), "mask": (width, "int32")}, mesh)
   hidden = reward_attack.hidden_fn(lm_cfg)
   out = [plan_lib.Workload("prm_forward", "forward", hidden, (lm, rows["tokens"], rows["mask"]), forward_calls(cfg),
                            fwd_flops(cfg.batch, PLAN_WIDTH))]
@@ -242,13 +243,13 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   step, opt = reward_attack.make_step(acfg, lm_cfg, head_cfg, lay)
   dt = jnp.dtype(lm_cfg.param_dtype)
   spec = lambda shape, dtype=jnp.float32: jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
-  embeds = plan_lib.batch(mesh, {"e": ((b, PLAN_WIDTH, lm_cfg.d_model), dt)})["e"]
+  embeds = shd.abstract_rows({"e": ((b, PLAN_WIDTH, lm_cfg.d_model), dt)}, mesh)["e"]
   logits = spec((cfg.attack_tokens, lm_cfg.vocab_size))
   opt_state = abstract(jax.eval_shape(opt.init, logits))
   args = (lm, head, embeds, spec((lm_cfg.d_model,), dt), logits, opt_state, spec((), jax.random.key(0).dtype),
           spec((), jnp.int32))
   out.append(plan_lib.Workload("attack_step", "train", step, args, cfg.attack_steps, 3 * fwd_flops(b, s)))
-  spliced = plan_lib.batch(mesh, {"tokens": ((b, s), "int32"), "mask": ((b, s), "int32")})
+  spliced = shd.abstract_rows({"tokens": ((b, s), "int32"), "mask": ((b, s), "int32")}, mesh)
   out.append(plan_lib.Workload("prm_forward.spliced", "forward", hidden, (lm, spliced["tokens"], spliced["mask"]), 3,
                                fwd_flops(b, s)))
   return out

@@ -159,15 +159,6 @@ def _jaxpr_flops(jaxpr, trips: int = 1) -> float:
   return total
 
 
-def batch(mesh, shapes: dict) -> dict:
-  """Abstract host batch placed as `jaxlab.sharding.shard_batch` places it: name -> ((shape), dtype) becomes
-  ShapeDtypeStructs with the leading (batch) dimension over the mesh's batch axes."""
-  import jax
-  from jaxlab import sharding as shd
-  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=shd.batch_sharding(mesh)) for k, (shape, dtype) in
-          shapes.items()}
-
-
 def _memory(compiled) -> int:
   m = compiled.memory_analysis()
   if m is None:

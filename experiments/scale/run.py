@@ -148,7 +148,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   (`experiments plan`; the model's vocabulary as configured, before a tokenizer with more ids widens it)."""
   plan = resolve(cfg)
   init_params = functools.partial(tfm.init, plan.model)
-  batch = plan_lib.batch(mesh, {k: ((cfg.batch_size, cfg.seq_len), "int32") for k in data_lib.KEYS})
+  batch = shd.abstract_rows({k: ((cfg.batch_size, cfg.seq_len), "int32") for k in data_lib.KEYS}, mesh)
   flops = tfm.flops_per_token(plan.model, cfg.seq_len) * cfg.batch_size * cfg.seq_len
   evals = (plan.steps // cfg.eval.every if cfg.eval.every else 0) + 2  # every `every` steps, at the end, at init
   out, state = [], None

@@ -277,10 +277,10 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   params = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
   b, p, g, lb = cfg.eval_batch, PLAN_PROMPT_LEN, cfg.gen_length, cfg.block_length
   length, blocks = p + g, g // lb
-  rows = plan_lib.batch(mesh, {"x": ((b, length), "int32"), "valid": ((b, length), "bool"),
-                               "pos": ((b, length), "int32"), "have": ((b,), "bool"), "at": ((b,), "int32"),
-                               "step": ((b,), "int32"),
-                               "tok": ((b, g), "int32"), "conf": ((b, g), "float32")})
+  rows = shd.abstract_rows({"x": ((b, length), "int32"), "valid": ((b, length), "bool"),
+                            "pos": ((b, length), "int32"), "have": ((b,), "bool"), "at": ((b,), "int32"),
+                            "step": ((b,), "int32"),
+                            "tok": ((b, g), "int32"), "conf": ((b, g), "float32")}, mesh)
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated)
   on_cpu = mesh.devices.flat[0].platform == "cpu"

@@ -149,10 +149,10 @@ def workloads(cfg: Config, mesh) -> list:
                                      axes=model_lib.AXES)
     step = train_step(model_lib.loss_fn(mcfg), tx, sched, mesh, cfg.strategy, state, recipes.compute_dtype(text))
     out.append(plan_lib.Workload(f"train_step.{kind}", "train", step,
-                                 (state, plan_lib.batch(mesh, _row_shapes(rc, mcfg, b, length))), cfg.steps,
+                                 (state, shd.abstract_rows(_row_shapes(rc, mcfg, b, length), mesh)), cfg.steps,
                                  _flops(mcfg, b, length, True)))
-    gen = pipe.abstract_rows(mesh, {**_row_shapes(rc, mcfg, e, length, ("tokens", "question_mask")),
-                                    "lengths": ((e,), "int32")})
+    gen = shd.abstract_rows({**_row_shapes(rc, mcfg, e, length, ("tokens", "question_mask")),
+                             "lengths": ((e,), "int32")}, mesh)
     lengths = gen.pop("lengths")
     banned = tuple(sorted({text.pad_token_id or 0, text.bos_token_id or 0, vid, pid}))
     out.append(plan_lib.Workload(f"generate.{kind}", "generate", model_lib.greedy(mcfg, banned),

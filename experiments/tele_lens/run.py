@@ -15,6 +15,7 @@ import numpy as np
 
 from experiments import registry
 from experiments._shared.chat_models import chat_ids, load_chat_model, resolve_model, stop_tokens
+from jaxlab import sharding as shd
 from experiments.runner import plan as plan_lib
 from jaxlab.data.tasks import reasoning
 from jaxlab.generate import sample, sampling
@@ -348,7 +349,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   out = []
   if cfg.cot == "model":
     b, t, new = cfg.generate_batch, PLAN_PROMPT_WIDTH, cfg.max_cot_tokens
-    rows = plan_lib.batch(mesh, {"tokens": ((b, t), "int32"), "mask": ((b, t), "int32")})
+    rows = shd.abstract_rows({"tokens": ((b, t), "int32"), "mask": ((b, t), "int32")}, mesh)
     scalar = lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=replicated)
     key = scalar(jax.random.key(0).dtype)
     for kind, greedy, calls in (("greedy", True, 1), ("sampled", False, cfg.sampled_cots)):
@@ -367,7 +368,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
                                    loop_trips=new - 1))
   width = -(-(PLAN_PROMPT_WIDTH + cfg.max_cot_tokens + 4) // 32) * 32
   shape = (EXTRACT_BATCH, width)
-  rows = plan_lib.batch(mesh, {"tokens": (shape, "int32"), "mask": (shape, "int32")})
+  rows = shd.abstract_rows({"tokens": (shape, "int32"), "mask": (shape, "int32")}, mesh)
   program = jax.ShapeDtypeStruct((mcfg.n_layers,), jnp.int32, sharding=replicated)
   depth = sum(cfg.layers) / len(cfg.layers) / mcfg.n_layers  # the truncated programs run the first `layer` layers
   out.append(plan_lib.Workload("extract_hidden", "forward", probes._hidden_fn(mcfg),
@@ -376,7 +377,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   words = [reasoning.TASKS[t].answers if t in reasoning.TASKS else reasoning.GYM_TASKS[t] for t in cfg.tasks]
   answers = tuple(range(len({w for ws in words for w in ws})))  # the tasks' answer words (a task file's: as many)
   shape = (READOUT_BATCH, width)
-  rows = plan_lib.batch(mesh, {"tokens": (shape, "int32"), "mask": (shape, "int32")})
+  rows = shd.abstract_rows({"tokens": (shape, "int32"), "mask": (shape, "int32")}, mesh)
   out.append(plan_lib.Workload("lm_readout", "forward", readout_fn(mcfg, answers), (params, rows["tokens"],
                                rows["mask"]), math.ceil(cots / READOUT_BATCH), fwd(READOUT_BATCH, width)))
   positions = cots * (cfg.max_cot_tokens + 1)
@@ -387,8 +388,8 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
                        learning_rate=cfg.learning_rate, kind=kind)
     tx = probes.optimizer(pc)  # what `probes.train` builds its (cached) step with
     p = rep(jax.eval_shape(lambda pc=pc: probes.init(pc, jax.random.key(0))))
-    batch = plan_lib.batch(mesh, {"h": ((cfg.batch_size, mcfg.d_model), "float32"), "y": (y, "int32"),
-                                  "w": ((cfg.batch_size,), "float32")})
+    batch = shd.abstract_rows({"h": ((cfg.batch_size, mcfg.d_model), "float32"), "y": (y, "int32"),
+                               "w": ((cfg.batch_size,), "float32")}, mesh)
     head = jax.ShapeDtypeStruct((mcfg.d_model, cols), jnp.float32, sharding=replicated)
     m = cfg.horizon if kind == "tokens" else 1
     flops = 6.0 * cfg.batch_size * m * (2 * mcfg.d_model * cfg.rank) + 4.0 * cfg.batch_size * m * mcfg.d_model * cols

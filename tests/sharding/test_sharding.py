@@ -266,6 +266,19 @@ def test_shard_batch_values_and_errors():
 
 # ------------------------------------------------------------------------------------ multi-process
 
+def test_rows_split_over_the_batch_axes_when_they_divide_else_replicate():
+  mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+  x, odd = np.arange(8 * 3).reshape(8, 3), np.arange(6 * 3).reshape(6, 3)
+  placed = sharding.shard_rows({"x": x, "odd": odd, "scalar": np.int32(5)}, mesh)
+  assert placed["x"].sharding.spec == P(("data", "fsdp")) and placed["odd"].sharding.spec == P()
+  assert {tuple(s.data.shape) for s in placed["x"].addressable_shards} == {(2, 3)}
+  np.testing.assert_array_equal(np.asarray(placed["x"]), x)
+  np.testing.assert_array_equal(np.asarray(placed["odd"]), odd)
+  abstract = sharding.abstract_rows({"x": ((8, 3), np.int64), "odd": ((6, 3), np.int64)}, mesh)
+  assert all(abstract[k].sharding == placed[k].sharding for k in ("x", "odd"))
+  assert sharding.shard_rows({"x": x}, None)["x"] is x
+
+
 def test_first_slurm_host():
   assert sharding._first_slurm_host("node001") == "node001"
   assert sharding._first_slurm_host("node001,host2") == "node001"
