@@ -15,7 +15,9 @@ Multi-turn (`multi_turn.py`; text and text_audio, for the categories in `multi_t
 multi_turn_miss_func, multi_turn_miss_param, multi_turn_long_context): BFCL v4's conversations with stateful APIs,
 played as the leaderboard's prompt-style handler plays them (each step's calls run on the entry's API instances and
 their results come back as tool messages; a turn that calls in more than `multi_turn_max_steps` steps is forced to
-quit) and scored by `experiments.bfcl_audio.bfcl_multi_turn.check`. In text_audio each user turn is spoken clean (seeded by
+quit) and scored by `experiments.bfcl_audio.bfcl_multi_turn.check`. Each conversation's KV cache is kept from step
+to step (`multi_turn_cache` "prefix", `jaxlab.generate.prefix`): a step prefills only the tokens its prompt adds
+(the tool results, the next turn); multi_turn.reused_token_share is the share of prompt tokens read from a cache. In text_audio each user turn is spoken clean (seeded by
 entry and turn) and its transcript is the user message; the turns that add held-out functions (miss_func) are not
 spoken.
 
@@ -123,10 +125,14 @@ class Config:
   align_lr: float = 2e-3
   align_max_tokens: int = 32
   # the multi-turn suite (multi_turn.py; text and text_audio): the first `n_multi_turn` entries of each category,
-  # and the step limit (a turn that calls in more steps than this is forced to quit; the leaderboard's is 20)
+  # the step limit (a turn that calls in more steps than this is forced to quit; the leaderboard's is 20), and the
+  # prompt cache: "prefix" keeps each conversation's KV cache and prefills only a step's new tokens
+  # (`multi_turn.prefix_chat_generator`, one conversation at a time), "none" prefills every prompt whole, the
+  # entries batched in lockstep (the same texts)
   multi_turn_categories: tuple[multi_turn.Category, ...] = ()
   n_multi_turn: int = 1
   multi_turn_max_steps: int = 4
+  multi_turn_cache: Literal["prefix", "none"] = "prefix"
 
   def __post_init__(self):
     choices.check(self)

@@ -441,11 +441,17 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   if "true_audio" in cfg.suites:
     speech_llm = true_audio.build(cfg, loaded, asr_model, generate, out_dir, evaluated, resume, heard, mesh=mesh)
   generate_chat = None
-  if cfg.multi_turn_categories:  # batches no wider than the entries played in lockstep (prompts are 4-8k tokens)
+  if cfg.multi_turn_categories and cfg.multi_turn_cache == "prefix":
+    generate_chat = multi_turn.prefix_chat_generator(loaded, cfg.max_new_tokens)
+  elif cfg.multi_turn_categories:  # batches no wider than the entries played in lockstep (prompts are 4-8k tokens)
     rows = min(cfg.batch_size, cfg.n_multi_turn * len(cfg.multi_turn_categories))
     chat = chat_generator(cfg.model, cfg.max_new_tokens, rows, loaded=loaded, mesh=mesh)
     generate_chat = lambda chats: chat([{"messages": m} for m in chats])
-  return run_with(cfg, out_dir, generate, asr_model.transcribe if asr_model else None, speech_llm, generate_chat)
+  res = run_with(cfg, out_dir, generate, asr_model.transcribe if asr_model else None, speech_llm, generate_chat)
+  counts = getattr(generate_chat, "counts", None)
+  if counts and counts["prompt_tokens"]:
+    res["multi_turn.reused_token_share"] = counts["reused_tokens"] / counts["prompt_tokens"]
+  return res
 
 
 # `experiments plan`'s shapes where the run's depend on the tokenizer: a single-turn BFCL prompt's length bucket
@@ -465,7 +471,8 @@ def _calls(n: int, batch: int) -> int:
 def workloads(cfg: Config, mesh) -> list:
   """What a run computes at `cfg`, for `experiments plan`: the LLM's greedy generation (`generation_fn`, prefill
   and decode; `batch_size` prompts of PLAN_PROMPT_TOKENS for the single-turn suites, of PLAN_MULTI_TURN_TOKENS for
-  the multi-turn suite, of the alignment chat for true_audio's repetition), Whisper's transcription of every clip
+  the multi-turn suite (whole prompts: an upper bound where `multi_turn_cache` "prefix" prefills only each step's
+  new tokens), of the alignment chat for true_audio's repetition), Whisper's transcription of every clip
   (`jaxlab.audio.asr`: the encoder and the prompt's prefill, then the greedy loop, counted at its 224-token limit),
   true_audio's frozen-encoder features (`true_audio.features_fn`) and the connector's alignment step
   (`true_audio.connector_loss` through `recipes.train_step`, as `recipes.fit` builds it). The LLM's params are

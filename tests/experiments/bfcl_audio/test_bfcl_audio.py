@@ -237,6 +237,7 @@ def test_smoke_preset_from_the_cli_writes_the_keys(tmp_path):
     (dict(perturbations=("rate_0",)), "rate percent must be positive"),
     (dict(suites=("audio",)), "suites must be one of .* found 'audio'"),
     (dict(n_per_category=0), "n_per_category must be >= 1, found 0"),
+    (dict(multi_turn_cache="kv"), "multi_turn_cache must be one of .* found 'kv'"),
 ])
 def test_bad_config_is_a_one_line_error(kw, match):
   with pytest.raises(ValueError, match=match) as e:
