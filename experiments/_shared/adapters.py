@@ -283,8 +283,9 @@ def pretrain(setup: Setup, tok, writer, seed: int) -> tuple[dict, list]:
   return res.state.params, res.history
 
 
-def prepare(setup: Setup, out_dir: str, writer, seed: int = 0) -> Context:
-  """Loads or pretrains the base (saving a pretrained one to out_dir/base) and loads the task."""
+def prepare(setup: Setup, out_dir: str, writer, seed: int = 0, examples: tuple[list, list] | None = None) -> Context:
+  """Loads or pretrains the base (saving a pretrained one to out_dir/base) and loads the task (`load_examples`), or
+  takes its (training, test) `examples`."""
   if setup.model_path is not None:
     tok = data_lib.load_tokenizer(setup.tokenizer or setup.model_path)
     model_cfg, params = hf.load(setup.model_path, dtype=setup.dtype)
@@ -300,7 +301,7 @@ def prepare(setup: Setup, out_dir: str, writer, seed: int = 0) -> Context:
       params, _ = pretrain(setup, tok, writer, seed)
     if jax.process_index() == 0:
       hf.save(os.path.join(out_dir, "base"), model_cfg, params, overwrite=True)
-  train, test = load_examples(setup, seed)
+  train, test = examples or load_examples(setup, seed)
   need = max(len(tok.encode(e.prompt)) + len(tok.encode(e.target)) + 1 for e in train)
   if need > setup.seq_len:
     raise ValueError(f"setup.seq_len ({setup.seq_len}) is shorter than the longest training example "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import jax
@@ -15,6 +16,7 @@ from experiments._shared import chat_models
 from experiments import registry
 from experiments.runner import splits as splits_lib
 from jaxlab.adapters import fslora
+from jaxlab.data.tasks import arithmetic
 from jaxlab.models import transformer as tfm
 from experiments.fslora import Config
 
@@ -26,6 +28,27 @@ def client_labels(examples) -> np.ndarray:
     return labels
   lengths = np.asarray([len(e.answer) for e in examples])
   return np.unique(np.minimum(lengths, 8), return_inverse=True)[1]
+
+
+def load_tasks(cfg: Config) -> tuple[list, list]:
+  """(training, test) examples of the commonsense tasks under `cfg.tasks_dir`, each labelled with its task's index:
+  LLM-Adapters' records (instruction, input, output, answer) as the reference prompts them (Alpaca; an input, when
+  there is one, after the instruction), a task's first `task_test_cap` test records."""
+  def read(task: str, split: str) -> list:
+    path = os.path.join(cfg.tasks_dir, task, f"{split}.json")
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"tasks_dir: expected {task}/{split}.json under {cfg.tasks_dir!r}, found no file at "
+                              f"{path!r}")
+    with open(path) as f:
+      text = f.read()
+    return json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x.strip()]
+
+  def example(r: dict, label: int) -> arithmetic.Example:
+    q = r["instruction"] + (f"\n\n### Input:\n{r['input']}" if r.get("input") else "")
+    return arithmetic.Example(arithmetic.ALPACA.format(q=q), str(r["answer"]).strip(), label, r["output"])
+  train = [example(r, i) for i, t in enumerate(cfg.tasks) for r in read(t, "train")]
+  test = [example(r, i) for i, t in enumerate(cfg.tasks) for r in read(t, "test")[:cfg.task_test_cap]]
+  return train, test
 
 
 def split_items(train, test, shards) -> dict:
@@ -50,16 +73,34 @@ def federated_runs(cfg: Config) -> list[tuple[str, str, tuple[float, ...] | None
   return runs + [(f"fslora_q{q:g}", "fslora", (q,), False) for q in cfg.sweep_ratios if q < 1]
 
 
-PLAN_TRAIN_EXAMPLES = 170_420  # commonsense_170k, the full preset's training file (setup.train_examples 0: all)
-PLAN_TEST_EXAMPLES = 3_270  # BoolQ's test split, the largest of the commonsense test files
-PLAN_CLIENT_SHARE = 4  # the largest client's examples over an equal share, assumed (the Dirichlet split decides)
+# planning with `tasks_dir`: the tasks' standard training / test split sizes (the files decide at run time); the
+# clients' stacked data is sized by the reference split of these (`fslora.task_fill_split`)
+PLAN_TASK_TRAIN = {"ARC-Challenge": 1119, "ARC-Easy": 2251, "boolq": 9427, "hellaswag": 39905, "openbookqa": 4957,
+                   "piqa": 16113, "social_i_qa": 33410, "winogrande": 40398}
+PLAN_TASK_TEST = {"ARC-Challenge": 1172, "ARC-Easy": 2376, "boolq": 3270, "hellaswag": 10042, "openbookqa": 500,
+                  "piqa": 1838, "social_i_qa": 1954, "winogrande": 1267}
+
+
+def _planned_clients(cfg: Config) -> tuple[int, int]:
+  """(the largest client's training examples, test examples) the planned run sees."""
+  setup = cfg.setup
+  if cfg.tasks_dir is None:
+    if not setup.train_examples or not setup.test_examples:
+      raise ValueError("fslora plan: a run from setup.train_path is planned at setup.train_examples and "
+                       f"setup.test_examples, found {setup.train_examples} and {setup.test_examples}")
+    n = setup.train_examples
+    return min(n, 4 * -(-n // cfg.n_clients)), setup.test_examples
+  sizes = [PLAN_TASK_TRAIN.get(t, max(PLAN_TASK_TRAIN.values())) for t in cfg.tasks]
+  labels = np.concatenate([np.full(n, i) for i, n in enumerate(sizes)])
+  n_max = max(len(s) for s in fslora.task_fill_split(labels, cfg.n_clients, cfg.dirichlet_alpha, 42 + cfg.seed))
+  return n_max, sum(min(PLAN_TASK_TEST.get(t, cfg.task_test_cap), cfg.task_test_cap) for t in cfg.tasks)
 
 
 def workloads(cfg: Config, mesh) -> list:
   """The federated round (`fslora.make_round`: the sampled clients' local steps under vmap and the server step) and
   the steps of every evaluation (greedy generation and test loss of the base and of each run's merged model), at the
   preset's shapes with abstract arguments (`experiments plan`). The clients' stacked data ([clients, n_max, seq_len])
-  is sized with n_max = PLAN_CLIENT_SHARE x an equal share of the training examples."""
+  is sized by `_planned_clients` (cpu: 4 x an equal share of the generated examples)."""
   from experiments.runner import plan as plan_lib
   setup = cfg.setup
   model_cfg = common.model_config(setup)
@@ -72,8 +113,7 @@ def workloads(cfg: Config, mesh) -> list:
   state = abstract(jax.eval_shape(lambda k: fslora.init(fcfg, base, k, cfg.server_tx()), jax.random.PRNGKey(0)))
   sizes = np.ones(cfg.n_clients, np.int32)
   plan = abstract(jax.eval_shape(lambda k: fslora.plan_round(fcfg, k, sizes), jax.random.PRNGKey(0)))
-  train = setup.train_examples if setup.train_path is None or setup.train_examples else PLAN_TRAIN_EXAMPLES
-  n_max = min(train, PLAN_CLIENT_SHARE * -(-train // cfg.n_clients))
+  n_max, tests = _planned_clients(cfg)
   data = {k: jax.ShapeDtypeStruct((cfg.n_clients, n_max, setup.seq_len), np.int32, sharding=rep)
           for k in ("inputs", "targets", "loss_mask")}
   round_fn = fslora.make_round(fcfg, mean_loss_fn(model_cfg), cfg.server_tx())
@@ -81,7 +121,6 @@ def workloads(cfg: Config, mesh) -> list:
   tokens = cfg.clients_per_round * cfg.local_steps * cfg.local_batch * setup.seq_len
   evals = sum(1 for i in range(cfg.rounds) if (cfg.eval_every and (i + 1) % cfg.eval_every == 0)
               or i == cfg.rounds - 1)
-  tests = setup.test_examples if setup.train_path is None or setup.test_examples else PLAN_TEST_EXAMPLES
   return [plan_lib.Workload("round", "train", round_fn, (state, base, data, plan), cfg.rounds * runs,
                             tfm.flops_per_token(model_cfg, setup.seq_len) * tokens)] + \
       common.eval_workloads(setup, model_cfg, base, mesh, 1 + runs * evals, tests)
@@ -90,12 +129,17 @@ def workloads(cfg: Config, mesh) -> list:
 def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   del resume  # a finished run is cheap to repeat; nothing is checkpointed mid-way
   common.check_paths(cfg.setup)
+  examples = load_tasks(cfg) if cfg.tasks_dir is not None else None
   writer = common.Writer(os.path.join(out_dir, "metrics.jsonl"))
-  ctx = common.prepare(cfg.setup, out_dir, writer, cfg.seed)
+  ctx = common.prepare(cfg.setup, out_dir, writer, cfg.seed, examples=examples)
   mesh = common.mesh_of(cfg.mesh)
   ctx = dataclasses.replace(ctx, params=chat_models.place(ctx.params, mesh, cfg.strategy))
-  labels = client_labels(ctx.train)
-  splits = fslora.dirichlet_split(labels, cfg.n_clients, cfg.dirichlet_alpha, seed=cfg.seed)
+  if examples is not None:
+    labels = np.asarray([e.label for e in ctx.train])
+    splits = fslora.task_fill_split(labels, cfg.n_clients, cfg.dirichlet_alpha, seed=42 + cfg.seed)
+  else:
+    labels = client_labels(ctx.train)
+    splits = fslora.dirichlet_split(labels, cfg.n_clients, cfg.dirichlet_alpha, seed=cfg.seed)
   splits_lib.record(out_dir, "fslora", split_items(ctx.train, ctx.test, splits))
   data, sizes = fslora.stack_clients(ctx.train_arrays, splits)
   if mesh is not None:
@@ -106,9 +150,16 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 
   last = {}
 
+  by_task = {t: [e for e in ctx.test if e.label == i] for i, t in enumerate(cfg.tasks)} if examples else {}
+
   def eval_fn(params):
-    acc, last["completions"] = ctx.evaluate(params)
-    return {"accuracy": acc, "test_loss": ctx.test_loss(params)}
+    if not by_task:
+      acc, last["completions"] = ctx.evaluate(params)
+      return {"accuracy": acc, "test_loss": ctx.test_loss(params)}
+    scored = {t: ctx.evaluate(params, part) for t, part in by_task.items() if part}
+    last["completions"] = [c for t in by_task if t in scored for c in scored[t][1]]
+    return {"accuracy": float(np.mean([a for a, _ in scored.values()])), "test_loss": ctx.test_loss(params),
+            **{f"accuracy.{t}": a for t, (a, _) in scored.items()}}
 
   runs = federated_runs(cfg)
   key = jax.random.PRNGKey(cfg.seed + 3)
@@ -121,7 +172,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     for r in h:
       writer.write({"phase": "federated", "method": name, **r})
     hist[name] = h
-    common.write_completions(completions_path, name, ctx.test, last["completions"])
+    common.write_completions(completions_path, name, [e for part in by_task.values() for e in part] or ctx.test,
+                             last["completions"])
     print(f"fslora: {name} accuracy {h[-1]['accuracy']:.3f} after {h[-1]['upload_bytes'] / 2**20:.2f} MiB "
           "uploaded", flush=True)
   writer.close()
@@ -131,6 +183,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   ref = hist["fedlora"][-1]["upload_bytes"] if "fedlora" in hist else None
   for name, h in hist.items():
     res["accuracy"][name] = h[-1]["accuracy"]
+    if by_task:
+      res.setdefault("task_accuracy", {})[name] = {t: h[-1][f"accuracy.{t}"] for t in by_task if by_task[t]}
     res["test_loss"][name] = h[-1]["test_loss"]
     res["upload_bytes"][name] = h[-1]["upload_bytes"]
     res["final_train_loss"][name] = h[-1]["train_loss"]

@@ -299,6 +299,40 @@ def dirichlet_split(labels, n_clients: int, alpha: float, seed: int = 0, min_siz
                    f"(alpha={alpha}, {n} examples, {n_clients} clients)")
 
 
+def task_fill_split(labels, n_clients: int, alpha: float, seed: int = 42) -> list[np.ndarray]:
+  """The FSLoRA reference's non-IID split over tasks (`src/utils_data.py:build_datasets`): each task's examples are
+  shuffled (NumPy's global-seed stream, in task order); every task but the largest is cut among the clients in
+  Dirichlet(alpha) shares (floored, the last client taking the rest), in one contiguous slice per client; then the
+  clients, smallest first, are filled from the largest task up to an equal share (total // n_clients) while it lasts
+  (the rest of it is unused). Returns each client's example indices, sorted.
+
+  Args:
+    labels: [n] task index of every example.
+    n_clients: N.
+    alpha: concentration (the reference trains with 0.1).
+    seed: the NumPy seed (the reference's 42).
+  """
+  labels = np.asarray(labels)
+  rng = np.random.RandomState(seed)
+  tasks = [np.flatnonzero(labels == t) for t in np.unique(labels)]
+  tasks = [t[rng.permutation(len(t))] for t in tasks]
+  largest = max(range(len(tasks)), key=lambda i: len(tasks[i]))
+  parts: list[list[int]] = [[] for _ in range(n_clients)]
+  for i, idx in enumerate(tasks):
+    if i == largest:
+      continue
+    sizes = [int(p * len(idx)) for p in rng.dirichlet(np.full(n_clients, alpha))]
+    sizes[-1] = len(idx) - sum(sizes[:-1])
+    for q, cut in zip(parts, np.split(idx, np.cumsum(sizes)[:-1])):
+      q.extend(cut.tolist())
+  share, fill, at = len(labels) // n_clients, tasks[largest], 0
+  for c in sorted(range(n_clients), key=lambda c: len(parts[c])):
+    take = min(max(share - len(parts[c]), 0), len(fill) - at)
+    parts[c].extend(fill[at:at + take].tolist())
+    at += take
+  return [np.sort(np.asarray(q, np.int64)) for q in parts]
+
+
 def stack_clients(data, splits: list[np.ndarray]):
   """(pytree of [N, n_max, ...] arrays, [N] sizes) from a pytree of [n, ...] arrays and per-client indices.
 

@@ -194,6 +194,49 @@ def test_dirichlet_split_partitions_and_concentrates_with_small_alpha():
   np.testing.assert_array_equal(sizes, [2, 1])
 
 
+def _reference_task_split(task_sizes, n_clients, alpha, seed):
+  """The reference's `build_datasets` transcribed over example ids: tasks in order, each shuffled by the global
+  NumPy stream; Dirichlet cuts for all but the largest; the largest fills the smallest clients up to the mean."""
+  np.random.seed(seed)
+  start = np.cumsum([0] + list(task_sizes))
+  datasets = {}
+  for t, n in enumerate(task_sizes):
+    perm = np.random.permutation(n)
+    datasets[t] = [int(start[t] + i) for i in perm]
+  max_size = sum(len(d) for d in datasets.values()) // n_clients
+  largest = max(datasets, key=lambda t: len(datasets[t]))
+  big = datasets.pop(largest)
+  clients = {i: [] for i in range(n_clients)}
+  for d in datasets.values():
+    props = np.random.dirichlet(np.repeat(alpha, n_clients))
+    sizes = [int(p * len(d)) for p in props]
+    sizes[-1] = len(d) - sum(sizes[:-1])
+    at = 0
+    for c, k in enumerate(sizes):
+      if k > 0:
+        clients[c].extend(d[at:at + k])
+        at += k
+  at = 0
+  for c in sorted(range(n_clients), key=lambda c: len(clients[c])):
+    need = max_size - len(clients[c])
+    if need > 0 and at < len(big):
+      need = min(need, len(big) - at)
+      clients[c].extend(big[at:at + need])
+      at += need
+  return [sorted(clients[c]) for c in range(n_clients)]
+
+
+@pytest.mark.parametrize("sizes,alpha", [((30, 200, 55, 120), 0.1), ((400, 10, 90), 1.0)])
+def test_task_fill_split_is_the_reference_recipe(sizes, alpha):
+  labels = np.concatenate([np.full(n, t) for t, n in enumerate(sizes)])
+  parts = fslora.task_fill_split(labels, 7, alpha, seed=42)
+  assert [p.tolist() for p in parts] == _reference_task_split(sizes, 7, alpha, 42)
+  used = np.concatenate(parts)
+  assert len(used) == len(set(used.tolist()))  # no example twice
+  largest = int(np.argmax(sizes))
+  assert set(np.flatnonzero(labels != largest)) <= set(used.tolist())  # every other task's example is on a client
+
+
 def test_tiny_transformer_federation():
   """Clients hold next-token sequences with client-specific strides; FSLoRA on q, v (stacked) and the lm_head
   (unstacked) lowers the LM loss."""

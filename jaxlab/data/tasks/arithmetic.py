@@ -289,14 +289,14 @@ def prompt_tokens(examples: Sequence[Example], tokenizer) -> list[list[int]]:
 
 # ---------------------------------------------------------------------------------------- JSONL data
 
-_ALPACA = ("Below is an instruction that describes a task. Write a response that appropriately completes the "
+ALPACA = ("Below is an instruction that describes a task. Write a response that appropriately completes the "
            "request.\n\n### Instruction:\n{q}\n\n### Response:\n")
 _MARKERS = {"gsm8k": "####", "metamathqa": "The answer is:"}
 _FIELDS = {"gsm8k": ("question", "answer"), "metamathqa": ("query", "response"),
            "commonsense": ("instruction", "output")}
 
 
-def load_jsonl(path: str, fmt: str, limit: int | None = None, template: str = _ALPACA,
+def load_jsonl(path: str, fmt: str, limit: int | None = None, template: str = ALPACA,
                offset: int = 0) -> list[Example]:
   """Examples from a JSONL file (read through `jaxlab.data.corpus.jsonl_corpus`).
 

@@ -46,3 +46,53 @@ def test_client_shards_and_test_questions_are_disjoint(preset):
   assert splits.overlaps(splits.hashed(items)) == []
   leaked = fslora_run.split_items(train, test + train[:3], shards)
   assert splits.overlaps(splits.hashed(leaked)) == [("test", "questions", 3)]
+
+
+TASKS = ("boolq", "piqa", "winogrande")
+
+
+def _tasks_dir(root, sizes=(6, 14, 9), tests=(5, 3, 4), jsonl=("piqa",)):
+  """Small commonsense task files in LLM-Adapters' layout (JSON arrays; JSON lines for `jsonl`)."""
+  import json
+  import os
+  for t, n, m in zip(TASKS, sizes, tests):
+    os.makedirs(root / t)
+    for split, k in (("train", n), ("test", m)):
+      recs = [{"instruction": f"{t} q{split[1]}{i}? a or b", "input": "", "output": f"the answer is {'ab'[i % 2]}",
+               "answer": "ab"[i % 2]} for i in range(k)]
+      text = "\n".join(map(json.dumps, recs)) if t in jsonl else json.dumps(recs)
+      (root / t / f"{split}.json").write_text(text)
+  return str(root)
+
+
+def test_full_preset_reads_the_reference_tasks_by_directory():
+  cfg = fslora_exp.PRESETS["full"]
+  assert cfg.tasks == ("ARC-Challenge", "ARC-Easy", "boolq", "hellaswag", "openbookqa", "piqa", "social_i_qa",
+                       "winogrande") and cfg.task_test_cap == 3000 and cfg.setup.train_path is None
+  assert "LLM-Adapters" in cfg.tasks_dir  # a Required naming where the files come from
+
+
+def test_tasks_load_with_task_labels_alpaca_prompts_and_a_test_cap(tmp_path):
+  cfg = fslora_exp.Config(tasks_dir=_tasks_dir(tmp_path), tasks=TASKS, task_test_cap=4)
+  train, test = fslora_run.load_tasks(cfg)
+  assert [e.label for e in train] == [0] * 6 + [1] * 14 + [2] * 9
+  assert [e.label for e in test] == [0] * 4 + [1] * 3 + [2] * 4
+  e = train[7]
+  assert e.prompt.endswith("### Instruction:\npiqa qr1? a or b\n\n### Response:\n") and e.answer == "b"
+  assert e.target == "the answer is b"
+  with pytest.raises(FileNotFoundError, match=r"expected hellaswag/train.json under .*, found no file") as err:
+    fslora_run.load_tasks(fslora_exp.Config(tasks_dir=str(tmp_path), tasks=("hellaswag",)))
+  assert "\n" not in str(err.value)
+  with pytest.raises(ValueError, match="tasks_dir needs tasks"):
+    fslora_exp.Config(tasks_dir=str(tmp_path), tasks=())
+
+
+@pytest.mark.slow
+def test_a_run_over_tasks_reports_each_task_and_their_mean(tmp_path):
+  from experiments import registry
+  over = [f"tasks_dir={_tasks_dir(tmp_path / 'tasks')}", "tasks=" + ",".join(TASKS), "setup.seq_len=256",
+          "setup.model.max_position_embeddings=256"]
+  _, res = registry.run_experiment("fslora", "smoke", out=str(tmp_path / "run"), overrides=over)
+  for m in fslora_exp.PRESETS["smoke"].methods:
+    accs = [res[f"task_accuracy.{m}.{t}"] for t in TASKS]
+    assert res[f"accuracy.{m}"] == pytest.approx(np.mean(accs))

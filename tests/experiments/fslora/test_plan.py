@@ -14,4 +14,5 @@ def test_full_preset_plans_the_federated_round_and_the_evaluation_on_cpu_8():
     assert 0.65 <= ratio <= 1.5 if w["kind"] == "train" else 0.3 <= ratio <= 1.5, (w["name"], ratio)
   steps = {w["name"]: w["steps"] for w in p["workloads"]}
   assert steps["round"] == 600 * 6  # fedlora, hetlora, fslora and the three sweep ratios
-  assert steps["generate"] == (1 + 6 * 30) * -(-3270 // 64)  # the base, then every 20th round of each run
+  tests = 1172 + 2376 + 3000 + 3000 + 500 + 1838 + 1954 + 1267  # the eight tasks' test sets, each capped at 3000
+  assert steps["generate"] == (1 + 6 * 30) * -(-tests // 64)  # the base, then every 20th round of each run
