@@ -17,7 +17,7 @@ scripts' lr / warmup / steps, batch 512, sequence 256, cosine to 0.1x, bf16 comp
 
   python -m experiments run scale --preset cpu
   python -m experiments run scale --preset full --set size=llama-350m --set corpus.path=/data/c4 \\
-      --set corpus.tokenizer=/tok/t5 --set microbatches=4
+      --set corpus.tokenizer=/tok/t5 --set val_path=/data/c4/en --set microbatches=4
 
 Paper: arXiv 2506.16659. Code read beside it: OptimAI-Lab/Minimalist_LLM_Pretraining @ f5bd4e754eb9. Method, claims,
 presets and departures from the paper: experiments/scale/README.md.
@@ -105,6 +105,11 @@ class Config:
   apollo_scale: float = 1.0
   corpus: shared_cfg.Corpus = shared_cfg.Corpus()
   eval: shared_cfg.Eval = shared_cfg.Eval()
+  # a validation corpus of its own (C4's validation split at full), read as the reference reads it: shuffled
+  # (seed 42), each document truncated and padded to seq_len, batches until `val_tokens` real tokens; None: a hash
+  # split of `corpus` (packed, `eval.batches` batches)
+  val_path: str | None = None
+  val_tokens: int = 10_000_000
   log_every: int = 10
   checkpoint: shared_cfg.Checkpoint = shared_cfg.Checkpoint()  # every 0: none (resume redoes unfinished runs)
   timing_steps: int = 10  # interleaved steps per optimizer for step_time_ratio (0: skip, NaN)
@@ -126,7 +131,7 @@ class Config:
     for s in self.memory_sizes:
       if s not in tfm.PRESETS:
         raise ValueError(f"memory_sizes: {s!r} is not a transformer preset ({sorted(tfm.PRESETS)})")
-    for name in ("batch_size", "seq_len", "microbatches", "log_every", "update_proj_gap"):
+    for name in ("batch_size", "seq_len", "microbatches", "log_every", "update_proj_gap", "val_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, found {getattr(self, name)}")
     if self.steps is not None and self.steps < 1:
@@ -149,6 +154,9 @@ PRESETS = {
                    corpus=shared_cfg.Corpus(
                        registry.Required("--set corpus.path=PATH: a C4 JSONL/parquet directory or hf:NAME"),
                        registry.Required("--set corpus.tokenizer=PATH: the T5 tokenizer.json or its directory")),
+                   val_path=registry.Required("--set val_path=PATH: C4 en validation (c4-validation.*.json.gz: hf "
+                                              "download allenai/c4 --repo-type dataset --include 'en/c4-validation*' "
+                                              "--local-dir data/c4)"),
                    eval=shared_cfg.Eval(1000, 20), log_every=50, checkpoint=shared_cfg.Checkpoint(1000),
                    strategy="fsdp", timing_steps=10),
 }

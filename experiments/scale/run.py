@@ -101,6 +101,46 @@ def split_documents(docs, val_fraction: float):
   return train, val.subset(keep, f"{val.name}[held out]")
 
 
+def truncated_rows(docs, tok, seq_len: int, batch: int, tokens: int, seed: int = 42,
+                   exclude: frozenset = frozenset()) -> tuple[list[dict], list]:
+  """The reference's validation set (`torchrun_main_DDP.py:evaluate_model`): documents in a seeded shuffle, each
+  tokenized with eos, cut to its first `seq_len` tokens (eos kept last, as the T5 tokenizer truncates) and padded;
+  batches of `batch` rows are taken while fewer than `tokens` real tokens have been taken (so the last batch crosses
+  it). A row's position i predicts its token i + 1. Returns (host batches {inputs, targets, loss_mask} [batch,
+  seq_len], a last short one padded with empty rows; the documents they hold). Documents whose digest
+  (`splits.digest`) is in `exclude` (the training documents') are skipped."""
+  order = np.random.RandomState(seed).permutation(len(docs))
+  out, rows, used, taken = [], [], [], 0
+  for i in order:
+    if taken >= tokens and not rows:
+      break
+    if exclude and splits.digest(docs[int(i)]) in exclude:
+      continue
+    ids = tok.encode(docs[int(i)], add_eos=tok.eos_id is not None)
+    if len(ids) > seq_len:
+      ids = ids[:seq_len - 1] + ids[-1:] if tok.eos_id is not None else ids[:seq_len]
+    if len(ids) < 2:
+      continue
+    rows.append(ids)
+    used.append(docs[int(i)])
+    taken += len(ids)
+    if len(rows) == batch:
+      out.append(rows)
+      rows = []
+  if rows:
+    out.append(rows)
+  pad = tok.batch_pad_id
+  batches = []
+  for rs in out:
+    b = {k: np.full((batch, seq_len), pad if k != "loss_mask" else 0, np.int32) for k in ("inputs", "targets",
+                                                                                           "loss_mask")}
+    for r, ids in enumerate(rs):
+      b["inputs"][r, :len(ids) - 1], b["targets"][r, :len(ids) - 1] = ids[:-1], ids[1:]
+      b["loss_mask"][r, :len(ids) - 1] = 1
+    batches.append(b)
+  return batches, used
+
+
 def state_bytes_ratios(sizes) -> dict:
   """SCALE's optimizer-state bytes over AdamW's, and params + state over AdamW's, per LLaMA size (fp32 params)."""
   out = {}
@@ -143,6 +183,9 @@ def _train_step(cfg: Config, plan: Plan, tx, state, mesh):
                    microbatches=cfg.microbatches, compute=compute_dtype(plan.model))
 
 
+PLAN_VAL_ROW_TOKENS = 230  # planning: real tokens of a truncated C4 validation row of 256 (most documents are longer)
+
+
 def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   """Each optimizer's train step and the eval step a run calls, with abstract arguments at the preset's shapes
   (`experiments plan`; the model's vocabulary as configured, before a tokenizer with more ids widens it)."""
@@ -158,8 +201,9 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
     out.append(plan_lib.Workload(f"train_step.{name}", "train", _train_step(cfg, plan, tx, state, mesh),
                                  (state, batch), plan.steps, flops))
   eval_step = step_lib.make_eval_step(losses.lm_loss_fn(plan.model), compute_dtype(plan.model))
+  per_eval = cfg.eval.batches if cfg.val_path is None else -(-cfg.val_tokens // (PLAN_VAL_ROW_TOKENS * cfg.batch_size))
   out.append(plan_lib.Workload("eval_step", "forward", eval_step, (state.params, batch),
-                               evals * len(cfg.optimizers) * cfg.eval.batches, flops / 3))
+                               evals * len(cfg.optimizers) * per_eval, flops / 3))
   return out
 
 
@@ -173,7 +217,8 @@ def _train_one(name, cfg, plan, mesh, docs, tok, eval_fn, opt_dir, resume, init_
       return json.load(f), dedupe(metrics_lib.read_jsonl(records_path)), None
   tx = make_optimizer(name, cfg, plan)
   local_b = cfg.batch_size // jax.process_count()
-  train_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, seed=cfg.seed, split="train",
+  train_it = data_lib.lm_batches(docs, tok, cfg.seq_len, local_b, seed=cfg.seed,
+                                 split=None if cfg.val_path is not None else "train",
                                  val_fraction=cfg.corpus.val_fraction)
   ckpt = (Checkpointer(os.path.join(opt_dir, "checkpoints"), keep=cfg.checkpoint.keep) if cfg.checkpoint.every
           else None)
@@ -239,19 +284,31 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                      f"({jax.process_count()})")
   mesh = shd.make_mesh(cfg.mesh)
   docs = load_corpus(cfg.corpus.path, cfg.corpus.max_docs)
-  train_docs, val_docs = split_documents(docs, cfg.corpus.val_fraction)
-  splits.record(out_dir, "scale", {"train": {"documents": list(train_docs)}, "test": {"documents": list(val_docs)}})
   local_b = cfg.batch_size // jax.process_count()
-  val_it = data_lib.lm_batches(val_docs, tok, cfg.seq_len, local_b, split=None, num_epochs=None, shuffle=False,
-                               drop_remainder=False)
-  val_start = val_it.get_state()
   shard = functools.partial(shd.shard_batch, mesh=mesh)
   compute = compute_dtype(plan.model)
   eval_step = step_lib.make_eval_step(losses.lm_loss_fn(plan.model), compute)
+  if cfg.val_path is not None:  # a validation corpus of its own, truncated and padded as the reference reads C4's
+    seen = frozenset(splits.digest(d) for d in docs)  # a validation document that is also a training one is skipped
+    val_rows, val_docs = truncated_rows(load_corpus(cfg.val_path, None), tok, cfg.seq_len, cfg.batch_size,
+                                        cfg.val_tokens, exclude=seen)
+    splits.record(out_dir, "scale", {"train": {"documents": list(docs)}, "test": {"documents": val_docs}})
+    p, n = jax.process_index(), jax.process_count()
+    local = [{k: v[p * local_b:(p + 1) * local_b] for k, v in b.items()} for b in val_rows] if n > 1 else val_rows
 
-  def eval_fn(params):
-    val_it.set_state(val_start)
-    return {"val_loss": loop_lib.evaluate(eval_step, params, val_it, shard, cfg.eval.batches)}
+    def eval_fn(params):
+      return {"val_loss": loop_lib.evaluate(eval_step, params, local, shard)}
+  else:
+    train_docs, val_docs = split_documents(docs, cfg.corpus.val_fraction)
+    splits.record(out_dir, "scale", {"train": {"documents": list(train_docs)},
+                                     "test": {"documents": list(val_docs)}})
+    val_it = data_lib.lm_batches(val_docs, tok, cfg.seq_len, local_b, split=None, num_epochs=None, shuffle=False,
+                                 drop_remainder=False)
+    val_start = val_it.get_state()
+
+    def eval_fn(params):
+      val_it.set_state(val_start)
+      return {"val_loss": loop_lib.evaluate(eval_step, params, val_it, shard, cfg.eval.batches)}
 
   init_params = functools.partial(tfm.init, plan.model)
   params0 = shd.sharded_init(init_params, mesh, cfg.strategy, jax.random.PRNGKey(cfg.seed), axes=tfm.AXES)

@@ -101,3 +101,33 @@ def test_full_preset_follows_paper_schedule_per_size():
     registry.apply_overrides(full, ["size=llama-3b"])
   with pytest.raises(registry.OverrideError, match="corpus.path is required .*corpus.tokenizer is required"):
     registry.config_for("scale", "full")
+
+
+def test_validation_rows_are_the_reference_truncate_and_pad_set():
+  from jaxlab import data as data_lib
+  tok = data_lib.load_tokenizer("byte")
+  docs = ["abcdefghijklmnopqrstuvwxyz" * (i % 3 + 1) for i in range(20)] + ["x"]  # "x" + eos: one prediction
+  batches, used = run_scale_exp.truncated_rows(docs, tok, seq_len=32, batch=4, tokens=200, seed=42)
+  order = [docs[i] for i in np.random.RandomState(42).permutation(len(docs))]
+  rows, taken, want_rows = [], 0, []
+  for d in order:  # brute force: whole batches while fewer than 200 real tokens are taken
+    if taken >= 200 and len(rows) % 4 == 0:
+      break
+    ids = list(d.encode()) + [tok.eos_id]
+    ids = ids if len(ids) <= 32 else ids[:31] + [tok.eos_id]
+    rows.append(d)
+    want_rows.append(ids)
+    taken += len(ids)
+  assert used == rows and len(batches) == -(-len(rows) // 4) and taken >= 200
+  flat = {k: np.concatenate([b[k] for b in batches]) for k in ("inputs", "targets", "loss_mask")}
+  for r, ids in enumerate(want_rows):
+    n = len(ids) - 1
+    assert flat["inputs"][r, :n].tolist() == ids[:-1] and flat["targets"][r, :n].tolist() == ids[1:]
+    assert flat["loss_mask"][r].tolist() == [1] * n + [0] * (32 - n)
+    assert flat["targets"][r, n - 1] == tok.eos_id
+  assert not flat["loss_mask"][len(want_rows):].any()  # the last batch's empty rows
+  from experiments.runner import splits
+  _, kept = run_scale_exp.truncated_rows(docs, tok, 32, 4, 200, exclude=frozenset({splits.digest(docs[0])}))
+  assert docs[0] not in kept and len(kept) >= len(used) - 1
+  assert "val_path is required" in str(pytest.raises(registry.OverrideError, registry.config_for, "scale", "full",
+                                                     ["corpus.path=c4", "corpus.tokenizer=t5"]).value)
