@@ -2,6 +2,7 @@
 `experiments/stllm/__init__.py`, the paper and its departures in `experiments/stllm/README.md`)."""
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -199,6 +200,16 @@ def _lm(cfg: Config, tok, text: tfm.Config, out_dir: str, corpus):
               cfg.lm_steps, cfg.lr, cfg.warmup, cfg.log_every, out_dir, cfg.seed)
 
 
+def answer_prior(train_qs, test_qs) -> list[str]:
+  """Each test question answered with its task's most common training answer (ties: the first in sorted order): the
+  score a model reaches without using its inputs."""
+  common = {}
+  for task, idx in rea.answers_by_task(train_qs).items():
+    counts = collections.Counter(train_qs[i].answer for i in idx)
+    common[task] = min(counts, key=lambda a: (-counts[a], a)) if counts else ""
+  return [common[q.task] for q in test_qs]
+
+
 def scores(preds, qs, model: str, judged=None) -> dict:
   """accuracy / mean / mean_both, and BLEU-4 / ROUGE-L on the free-form tasks, for one model's answers. Accuracy is
   exact string match, or, given the judge's verdicts (`judged`, True / False / None per answer), the share judged
@@ -263,7 +274,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
         params, model_lib.greedy(mcfg, data_lib.banned(tok, mcfg)), min(cfg.eval_batch, len(test.questions)))
   judge = None if cfg.judge_path is None else judge_lib.LMJudge(cfg.judge_path, cfg.judge_new_tokens,
                                                                  cfg.judge_batch)
-  for kind in MODELS:
+  samples["answer_prior"] = answer_prior(train.questions, test.questions)
+  for kind in (*MODELS, "answer_prior"):
     preds = samples[kind]
     judged = None if judge is None else judge([(q.task, q.question, q.answer, p)
                                                for q, p in zip(test.questions, preds)])

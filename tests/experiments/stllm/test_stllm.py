@@ -152,6 +152,17 @@ def test_registered_with_presets_and_claims():
   bad = dict(good, **{"mean_both.points_only": 0.58})
   assert claims_lib.holds(by_id["stllm_3d"], bad) and not claims_lib.holds(by_id["stllm_aligner"], bad)
   assert claims_lib.holds(by_id["stllm_3d"], {"mean_both.stllm_3d": 0.6}) is None
+  # measurable only where some model answers above the answer prior
+  assert claims_lib.measurable(by_id["stllm_3d"], dict(good, **{"mean_both.answer_prior": 0.5})) is True
+  assert claims_lib.measurable(by_id["stllm_aligner"], dict(good, **{"mean_both.answer_prior": 0.6})) is False
+
+
+def test_answer_prior_is_each_tasks_most_common_training_answer():
+  q = lambda task, answer: rea.Question(0, task, "?", answer)
+  train = [q("find_my_item", a) for a in ("sink", "table", "table", "sink", "bed")] + \
+      [q("relative_direction", a) for a in ("left", "right", "right")]
+  test = [q("relative_direction", "left"), q("find_my_item", "bed"), q("action_planning", "go")]
+  assert ST.answer_prior(train, test) == ["right", "sink", ""]  # a tie goes to the first in sorted order
 
 
 @pytest.mark.parametrize("kw,match", [({"steps": 0}, "steps must be >= 1, found 0"), ({"lr": 0.0}, "expected lr > 0"),
