@@ -24,6 +24,18 @@ LABELS = string.ascii_uppercase
 METHODS = ("llm", "llm_lookahead", "gig", "planner")
 
 
+def choice_fn(mcfg: tfm.Config, label_ids: Sequence[int]):
+  """`ChoiceLLM`'s jitted forward: (params, tokens [1, W], mask [1, W], last) -> the label tokens' logits at `last`."""
+  labels = jnp.asarray(label_ids, jnp.int32)
+  return jax.jit(lambda p, t, m, last: tfm.forward(p, t, mcfg, attention_mask_BT=m).logits[0, last, labels])
+
+
+def likelihood_fn(mcfg: tfm.Config):
+  """`LikelihoodLLM`'s jitted scorer: (params, prompt [1, W], mask [1, W], options [B, L], their mask) -> [B] mean
+  token log-probabilities."""
+  return jax.jit(lambda p, t, m, o, om: LikelihoodLLM._scores(p, t, m, o, om, mcfg))
+
+
 class ChoiceLLM:
   """The LLM planner's decision: one forward over the chat prompt (task, state, notes, the actions lettered A, B,
   ...) and the action whose letter has the highest next-token logit. `calls` and `tokens` (prompt tokens) add up.
@@ -34,8 +46,7 @@ class ChoiceLLM:
     if any(len(i) != 1 for i in ids):
       raise ValueError(f"ChoiceLLM: the tokenizer must encode each letter of {LABELS} as one token")
     self.params, self.tok, self.bucket, self.calls, self.tokens = params, tok, bucket, 0, 0
-    labels = jnp.asarray([i[0] for i in ids], jnp.int32)
-    self.fn = jax.jit(lambda p, t, m, last: tfm.forward(p, t, mcfg, attention_mask_BT=m).logits[0, last, labels])
+    self.fn = choice_fn(mcfg, [i[0] for i in ids])
 
   def __call__(self, text: str, options: Sequence[str]) -> int:
     ids = chat_ids(self.tok, text)
@@ -53,7 +64,7 @@ class LikelihoodLLM:
 
   def __init__(self, mcfg: tfm.Config, params, tok, bucket: int = 64):
     self.params, self.tok, self.bucket, self.calls, self.tokens = params, tok, bucket, 0, 0
-    self.fn = jax.jit(lambda p, t, m, o, om: self._scores(p, t, m, o, om, mcfg))
+    self.fn = likelihood_fn(mcfg)
 
   @staticmethod
   def _scores(params, toks_1W, mask_1W, opt_BL, opt_mask_BL, mcfg):

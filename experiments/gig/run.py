@@ -14,6 +14,7 @@ import optax
 from experiments import registry
 from experiments._shared.chat_models import load_chat_model
 from experiments.gig import CHOOSERS, Config, cooking, textworld
+from experiments.gig import agents as agents_lib
 from experiments.gig import loss as loss_lib
 from experiments.gig.agents import METHODS, Kitchen, TextGame, play_agent
 from experiments.gig.planner import Memory, Planner, shortest_plan
@@ -330,6 +331,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   return res
 
 
+PLAN_LLM_PROMPT = 512  # planning: a decision prompt's tokens, bucketed (task, state, notes, lettered actions)
+PLAN_LLM_OPTIONS, PLAN_LLM_OPTION_TOKENS = 16, 16  # planning, chooser "likelihood": actions scored a call, their tokens
 PLAN_TRACE_STATES = 25  # states per solved kitchen trace at full (its shortest plans' mean length is about 24)
 
 
@@ -348,9 +351,12 @@ def workloads(cfg: Config, mesh) -> list:
   problems (every state of a problem has its nodes; at most 2 x (1 + items) edges: the robot's station and each
   item's support, pot or holder, each with its reverse). Forward calls: the held-out and training traces
   embedded (PLAN_TRACE_STATES states each), and one call per planner step at `max_steps` (an upper bound) for
-  the seen and unseen problems with and without memory. The LLM agents and TextWorld's GAT are not planned. GiG's
-  params are replicated over `mesh` (the run keeps them on one device). Analytic FLOPs: `gat_flops`, x3 for a
-  train step."""
+  the seen and unseen problems with and without memory. With `llm`, the LLM agents' decision (`agents.choice_fn`
+  or `agents.likelihood_fn`, as `chooser` picks) on prompts of PLAN_LLM_PROMPT tokens, once per step of each LLM
+  agent (llm, llm_lookahead, gig) at `llm_max_steps` on `llm_problems` problems of every env (an upper bound: gig
+  asks only when memory does not answer); TextWorld's GAT is not planned. GiG's and the LLM's params are replicated
+  over `mesh` (the run keeps them on one device, the LLM in fp32). Analytic FLOPs: `gat_flops`, x3 for a train
+  step; the LLM's forward FLOPs per token."""
   from experiments.runner import plan as plan_lib
   gcfg = kitchen_gat(cfg)
   probs = _problems(cfg, range(cfg.train_problems)) + unseen_problems(cfg, cfg.test_problems, cfg.mode, set())
@@ -378,7 +384,25 @@ def workloads(cfg: Config, mesh) -> list:
   states = PLAN_TRACE_STATES * cfg.train_problems, PLAN_TRACE_STATES * cfg.test_problems
   calls = (2 * -(-states[1] // EMBED_GRAPHS) + -(-states[0] // EMBED_GRAPHS)
            + 2 * (cfg.train_problems + cfg.test_problems) * cfg.max_steps)
-  return [plan_lib.Workload("gat_train_step", "train", step, (params, opt_state, batch), cfg.steps,
-                            3 * gat_flops(gcfg, tn, te, tg)),
-          plan_lib.Workload("gat_embed", "forward", embed_fn(gcfg), (params, graphs(en, ee, eg)), calls,
-                            gat_flops(gcfg, en, ee, eg))]
+  out = [plan_lib.Workload("gat_train_step", "train", step, (params, opt_state, batch), cfg.steps,
+                           3 * gat_flops(gcfg, tn, te, tg)),
+         plan_lib.Workload("gat_embed", "forward", embed_fn(gcfg), (params, graphs(en, ee, eg)), calls,
+                           gat_flops(gcfg, en, ee, eg))]
+  if cfg.llm:
+    from experiments._shared.chat_models import abstract_params, model_config
+    from jaxlab.models import transformer as tfm
+    mcfg = model_config(cfg.llm)
+    lparams = abstract_params(mcfg, mesh, "dp")
+    w, i32 = PLAN_LLM_PROMPT, np.int32
+    prompt = replicated(jax.ShapeDtypeStruct((1, w), i32))
+    asks = len(cfg.llm_envs) * cfg.llm_problems * 3 * cfg.llm_max_steps
+    if cfg.chooser == "letter":
+      args, tokens = (lparams, prompt, prompt, replicated(jax.ShapeDtypeStruct((), i32))), w
+      fn = agents_lib.choice_fn(mcfg, range(len(agents_lib.LABELS)))
+    else:
+      opts = replicated(jax.ShapeDtypeStruct((PLAN_LLM_OPTIONS, PLAN_LLM_OPTION_TOKENS), i32))
+      args, tokens = (lparams, prompt, prompt, opts, opts), w + PLAN_LLM_OPTIONS * PLAN_LLM_OPTION_TOKENS
+      fn = agents_lib.likelihood_fn(mcfg)
+    out.append(plan_lib.Workload(f"llm_{cfg.chooser}", "forward", fn, args, asks,
+                                 tfm.flops_per_token(mcfg, w) / 3 * tokens))
+  return out

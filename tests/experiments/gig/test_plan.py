@@ -1,5 +1,5 @@
 """gig at paper scale: every recipe of the full preset has a shortest plan (the planner once ran out of states on
-potato_soup), and the full preset plans on cpu-8 (the GAT's train step and forward)."""
+potato_soup), and the full preset plans on cpu-8 (the GAT's train step and forward, the LLM agents' decisions)."""
 import pytest
 
 from experiments import registry
@@ -32,11 +32,15 @@ def test_every_recipe_of_the_full_preset_has_a_plan():
 
 
 @pytest.mark.slow
-def test_full_preset_plans_the_gat_on_cpu_8():
+def test_full_preset_plans_the_gat_and_the_llm_agents_on_cpu_8():
   p = plan_lib.plan("gig", "full", "cpu-8")
-  assert [w["name"] for w in p["workloads"]] == ["gat_train_step", "gat_embed"]
+  assert [w["name"] for w in p["workloads"]] == ["gat_train_step", "gat_embed", "llm_letter"]
   assert isinstance(p["fits"], bool)
-  train, embed = p["workloads"]
+  train, embed, llm = p["workloads"]
   assert train["kind"] == "train" and train["steps"] == 3000
   assert 0.65 <= train["flops_per_step"] / train["analytic_flops_per_step"] <= 1.5
   assert 0.65 <= embed["flops_per_step"] / embed["analytic_flops_per_step"] <= 1.5
+  cfg = registry.config_for("gig", "full", required=False)
+  assert llm["steps"] == len(cfg.llm_envs) * cfg.llm_problems * 3 * cfg.llm_max_steps
+  assert 0.65 <= llm["flops_per_step"] / llm["analytic_flops_per_step"] <= 1.5
+  assert llm["bytes_per_chip"] > 7e9 * 4  # Qwen2.5-7B's fp32 weights on every chip, as the run holds them
