@@ -319,6 +319,7 @@ def plan_all(topology_name: str, preset: str = "full", names=None, log=print, ca
   from experiments.runner import provenance, registry
   from experiments.runner.overrides import config_dict
   plans, errors, commits = [], {}, set()
+  code = provenance.current()  # the tree this invocation plans with (left unchanged while it runs)
   for name, exp in registry.experiments().items():
     if exp.paper is None or names and name not in names:
       continue
@@ -343,11 +344,11 @@ def plan_all(topology_name: str, preset: str = "full", names=None, log=print, ca
       log(f"  {errors[name]}")
       continue
     plans.append(p)
-    commits.add(provenance.label(provenance.current()))
+    commits.add(provenance.label(code))
     if kept:
       os.makedirs(cache, exist_ok=True)
       with open(kept, "w") as f:
-        json.dump({"config": config_dict(cfg), "code": provenance.current(), "plan": p}, f, indent=1)
+        json.dump({"config": config_dict(cfg), "code": code, "plan": p}, f, indent=1)
     log(f"  {p['topology']}: fits {p['fits']}, {p['chip_hours']:.3g} chip-hours")
   return {"topology": topology_name, "preset": preset, "plans": plans, "errors": errors, "commits": sorted(commits)}
 
