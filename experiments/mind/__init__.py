@@ -13,9 +13,9 @@ the ViT frozen, with the same optimizer, rows per step and total steps:
                 question in one step, plus alpha * MCA (`jaxlab.losses.mind_loss_fn`, per target token: the
                 projected embedding of the argmax prediction, the hardest negative row's token there pushed
                 `margin` below the hardest other positive's in cosine);
-                phase 2 (`phase2_steps`, from the phase-1 weights): "<image> question given R verdict" ->
-                "correct answer X" for a positive R, "wrong fix R+ answer X" for a negative (R+ the positive it
-                was made from), half and half.
+                phase 2 (`phase2_steps`, from the starting weights, as the reference's second run): "<image>
+                question given R verdict" -> "answer X correct" for a positive R, "answer X wrong fix R+" for a
+                negative (R+ the positive it was made from), half and half.
 At test time mind generates a rationale with the phase-1 model and answers with the phase-2 model given it (as
 the reference feeds phase-1 rationales to phase 2). Accuracy is the exact answer word after "answer" in the
 greedy output, on held-out scenes without (`accuracy.*`) and with a wrong hint (`accuracy_misleading.*`);

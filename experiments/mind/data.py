@@ -2,8 +2,8 @@
 
 Formats (words; "<image>" stands for the image's tokens):
   phase 1 / SFT   "<bos> <image> [hint the answer is X .] question ?" -> "[rationale] answer X <eos>"
-  phase 2         "<bos> <image> [hint ...] question ? given rationale verdict" -> "correct answer X <eos>" or
-                  "wrong fix corrected-rationale answer X <eos>"
+  phase 2         "<bos> <image> [hint ...] question ? given rationale verdict" -> "answer X correct <eos>" or
+                  "answer X wrong fix corrected-rationale <eos>"
 """
 from __future__ import annotations
 
@@ -140,12 +140,14 @@ def rationale_of(words: Sequence[str]) -> str:
 
 
 def verdict(words: Sequence[str]) -> str:
-  return words[0] if words and words[0] in ("correct", "wrong") else ""
+  """A phase-2 output's verdict: the word after "answer X"."""
+  return words[2] if len(words) > 2 and words[0] == "answer" and words[2] in ("correct", "wrong") else ""
 
 
 def phase2_target(given_is_positive: bool, corrected: str, answer: str) -> str:
-  """The phase-2 output for a given rationale: its verdict, for a wrong one the corrected rationale, the answer."""
-  return f"correct answer {answer}" if given_is_positive else f"wrong fix {corrected} answer {answer}"
+  """The phase-2 output for a given rationale, the answer first (the reference's QCMG-AE "The answer is (X).
+  BECAUSE: ..."): the answer, the verdict, for a wrong one the corrected rationale."""
+  return f"answer {answer} correct" if given_is_positive else f"answer {answer} wrong fix {corrected}"
 
 
 def phase2_prompt(question: str, given: str) -> str:

@@ -222,7 +222,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     p1 = trainer.fit(f"{name}.phase1", params0, enc.phase1_sampler(train_q, cfg.questions_per_step, k,
                                                                     negatives=alpha > 0, seed=fit_seed),
                      cfg.phase1_steps, "mca" if alpha > 0 else "ce")
-    p2 = trainer.fit(f"{name}.phase2", p1, enc.phase2_sampler(train_q, b, k, fit_seed), cfg.phase2_steps)
+    p2 = trainer.fit(f"{name}.phase2", params0, enc.phase2_sampler(train_q, b, k, fit_seed), cfg.phase2_steps)
     models[name] = (p1, p2)
 
   new1 = enc.max_target(train_q, 1) + 4

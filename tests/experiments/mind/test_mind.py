@@ -162,9 +162,9 @@ def test_phase2_rows_on_a_hand_made_question(encoder):
   assert kinds.tolist() == [1, -1] and scenes.tolist() == [0, 0]
   tok = encoder.tok
   for i, (given, target) in enumerate([
-      ("the red objects are the red bar at the top left . so there are one .", "correct answer one"),
-      ("so there are one .", "wrong fix the red objects are the red bar at the top left . so there are one . "
-       "answer one")]):
+      ("the red objects are the red bar at the top left . so there are one .", "answer one correct"),
+      ("so there are one .", "answer one wrong fix the red objects are the red bar at the top left . so there "
+       "are one .")]):
     inp, tgt, m = arrays["inputs"][i, 0], arrays["targets"][i, 0], arrays["loss_mask"][i, 0]
     prompt = f"how many red objects are there ? given {given} verdict"
     assert inp[0] == tok.bos_id and (inp[1:17] == 3).all()
@@ -172,7 +172,7 @@ def test_phase2_rows_on_a_hand_made_question(encoder):
     assert tok.decode(inp[17:n].tolist()) == prompt
     assert tok.decode(tgt[m > 0].tolist(), skip_special=False) == target + " <eos>"
     assert m[:n - 1].sum() == 0 and np.flatnonzero(m)[0] == n - 1
-  assert D.phase2_target(False, "R", "two") == "wrong fix R answer two"
+  assert D.phase2_target(False, "R", "two") == "answer two wrong fix R"
 
 
 def test_phase1_rows_roles_and_masks(encoder):
@@ -218,7 +218,8 @@ def test_output_parsing():
   assert D.final_answer(out) == "one" and D.rationale_of(out).endswith("so there are one .")
   assert D.final_answer("wrong fix answer two answer".split()) == "two"
   assert D.final_answer("so there are".split()) == ""
-  assert D.verdict("wrong fix x".split()) == "wrong" and D.verdict("answer one".split()) == ""
+  assert D.verdict("answer two wrong fix x".split()) == "wrong" and D.verdict("answer one".split()) == ""
+  assert D.final_answer("answer two wrong fix so there are one .".split()) == "two"
 
 
 def test_vocabulary_extension_keeps_the_models_logits(tmp_path):
