@@ -9,6 +9,7 @@ so both compute the same function; the report includes their initial losses / gr
   python -m experiments bench train_step [--model llama-60m --batch 8 --seq 256 --steps 3] [--out f.json]
   python -m experiments bench generate [--model llama-60m|smollm2-135m-instruct|PATH --new-tokens 128 --batches 1,8
       --weights fp32,bf16,int8,int8:0:sym --prompts random|chat] [--out f.json]
+  python -m experiments bench serve [--model smollm2-135m-instruct --requests 24 --slots 8 --new-tokens 96]
   python -m experiments bench input --tokenizer DIR [--corpus stdlib --batch 512 --seq 256 --read-threads 0,2,4]
 """
 from __future__ import annotations
@@ -395,11 +396,65 @@ def bench_input(argv) -> dict:
   return out
 
 
+def bench_serve(argv) -> dict:
+  """Serving many chat requests whose answers end at different lengths (the model's own end of turn): static
+  batches of `slots` (`sample`: each batch decodes until its longest answer ends) against continuous batching with
+  `slots` slots (`continuous.generate`: a finished answer's slot takes the next request at once). Both greedy on the
+  same prompts (CHAT_MESSAGES cycled), in alternating rounds; reported: generated tokens/s of each (the best round),
+  their ratio `continuous_vs_static`, decode steps of each, and whether every request's tokens agree."""
+  p = _parser("serve", hf=False)
+  p.set_defaults(model="smollm2-135m-instruct")
+  p.add_argument("--requests", type=int, default=24)
+  p.add_argument("--slots", type=int, default=8)
+  p.add_argument("--new-tokens", type=int, default=96)
+  p.add_argument("--repeats", type=int, default=2)
+  args = p.parse_args(argv)
+  from jaxlab.generate import continuous, sample
+  cfg, params, _, gguf = _generate_models(args.model, args.dtype, False)
+  if not gguf:
+    raise SystemExit("bench serve needs a GGUF chat model (its tokenizer and chat template), e.g. "
+                     "smollm2-135m-instruct")
+  rows = _chat_prompts(gguf, args.requests)
+  eos = cfg.eos_token_id
+  stops = tuple(sorted({eos} if isinstance(eos, int) else set(eos or ())))
+  n, b = args.new_tokens, args.slots
+
+  def static():
+    out = []
+    for i in range(0, len(rows), b):
+      res = sample(params, cfg, rows[i:i + b], n, stop_tokens=stops)
+      out += [np.asarray(res.tokens[j, :int(res.lengths[j])]).tolist() for j in range(len(rows[i:i + b]))]
+    return out
+
+  def served():
+    return continuous.generate(params, cfg, rows, n, slots=b, stop_tokens=stops, stats=stats)
+  stats: dict = {}
+  outs = {"static": static(), "continuous": served()}  # compiles
+  best = {k: float("inf") for k in outs}
+  for r in range(args.repeats):
+    for name, fn in (("static", static), ("continuous", served))[::1 if r % 2 == 0 else -1]:
+      t0 = time.perf_counter()
+      fn()
+      best[name] = min(best[name], time.perf_counter() - t0)
+  tokens = sum(len(o) for o in outs["static"])
+  lengths = [len(o) for o in outs["static"]]
+  return {"model": args.model, "requests": args.requests, "slots": b, "new_tokens": n, "generated_tokens": tokens,
+          "answer_tokens_min_max": [min(lengths), max(lengths)],
+          "static_tokens_per_s": tokens / best["static"], "continuous_tokens_per_s": tokens / best["continuous"],
+          "continuous_vs_static": best["static"] / best["continuous"],
+          "decode_steps_static": sum(max(lengths[i:i + b]) - 1 for i in range(0, len(rows), b)),
+          "decode_steps_continuous": stats["steps"], "same_tokens": outs["static"] == outs["continuous"],
+          "load_avg_1m": os.getloadavg()[0]}
+
+
 registry.register_bench("train_step", bench_train_step,
                         "llama-60m train step (fwd+bwd+AdamW) tokens/s and MFU, jaxlab vs transformers eager")
 registry.register_bench("generate", bench_generate,
                         "greedy generation tokens/s (batch 1 and 8), jaxlab.generate.sample fp32/bf16/int8 vs HF "
                         "generate (and llama.cpp on a GGUF model)")
+registry.register_bench("serve", bench_serve,
+                        "many chat requests of different answer lengths: continuous batching vs static batches, "
+                        "tokens/s")
 registry.register_bench("input", bench_input,
                         "LM input pipeline tokens/s per reader-thread count; train loop with the next batch read "
                         "during the step vs in series")

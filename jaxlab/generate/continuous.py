@@ -49,10 +49,12 @@ def _admit(params, cache, row, tokens_1T, mask_1T, key, temperature, top_p, *, c
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "greedy", "top_k"), donate_argnames=("cache",))
-def _step(params, cache, tok_B, live_B, keys_B, temperature, top_p, *, cfg, greedy, top_k):
-  """One token for every slot (a free slot's token is written with position -1: never attended)."""
+def _step(params, cache, tok_B, live_B, key, request_B, drawn_B, temperature, top_p, *, cfg, greedy, top_k):
+  """One token for every slot (a free slot's token is written with position -1: never attended); slot b's request
+  `request_B[b]` draws its token `drawn_B[b]`."""
   out = layer_list_forward(params, tok_B[:, None], cfg, attention_mask_BT=live_B[:, None].astype(jnp.int32),
                            cache=cache)
+  keys_B = jax.vmap(lambda r, j: jax.random.fold_in(jax.random.fold_in(key, r), j))(request_B, drawn_B)
   nxt = _pick(out.logits[:, -1].astype(jnp.float32), keys_B, greedy, temperature, top_k, top_p)
   return {**out.cache, "index": out.cache["index"] % cache["pos"].shape[1]}, nxt
 
@@ -122,9 +124,10 @@ def generate(params, cfg, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     live = np.asarray([o >= 0 for o in owner])
     if not live.any():
       continue
-    keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(key, max(o, 0)), len(outputs[max(o, 0)]))
-                      for o in owner])
-    cache, nxt = _step(params, cache, jnp.asarray(tok), jnp.asarray(live), keys, temp, p_mass, **static)
+    request = np.asarray([max(o, 0) for o in owner], np.int32)
+    drawn = np.asarray([len(outputs[r]) for r in request], np.int32)
+    cache, nxt = _step(params, cache, jnp.asarray(tok), jnp.asarray(live), key, jnp.asarray(request),
+                       jnp.asarray(drawn), temp, p_mass, **static)
     n_steps += 1
     nxt = np.asarray(nxt)
     for b, i in enumerate(owner):
