@@ -279,7 +279,7 @@ def test_full_code_path_on_a_tiny_checkpoint_and_jsonl(tmp_path):
   fcfg = registry.apply_overrides(fslora_exp.PRESETS["full"], setup + [
       "setup.train_format=metamathqa", "setup.test_format=gsm8k", "rank=4", "clients_per_round=2", "n_clients=3",
       "local_steps=1", "local_batch=2", "rounds=1", "eval_every=1", "sweep_ratios=()", "methods=fslora",
-      "ratios=(0.5,)"])
+      "ratios=(0.5,)", "tasks_dir=None"])  # single files in place of the task directory
   fres = run_fslora_exp.run(fcfg, str(tmp_path / "fslora"), False)
   assert fres["upload_bytes"]["fslora"] == 1 * 2 * 2 * model.n_layers * per_layer * 4  # rounds C k L (in+out) 4B
 
