@@ -415,19 +415,17 @@ def bench_serve(argv) -> dict:
     raise SystemExit("bench serve needs a GGUF chat model (its tokenizer and chat template), e.g. "
                      "smollm2-135m-instruct")
   rows = _chat_prompts(gguf, args.requests)
-  eos = cfg.eos_token_id
-  stops = tuple(sorted({eos} if isinstance(eos, int) else set(eos or ())))
-  n, b = args.new_tokens, args.slots
+  n, b = args.new_tokens, args.slots  # both stop at the model's end of turn (cfg.eos_token_id)
 
   def static():
     out = []
     for i in range(0, len(rows), b):
-      res = sample(params, cfg, rows[i:i + b], n, stop_tokens=stops)
+      res = sample(params, cfg, rows[i:i + b], n)
       out += [np.asarray(res.tokens[j, :int(res.lengths[j])]).tolist() for j in range(len(rows[i:i + b]))]
     return out
 
   def served():
-    return continuous.generate(params, cfg, rows, n, slots=b, stop_tokens=stops, stats=stats)
+    return continuous.generate(params, cfg, rows, n, slots=b, stats=stats)
   stats: dict = {}
   outs = {"static": static(), "continuous": served()}  # compiles
   best = {k: float("inf") for k in outs}

@@ -114,15 +114,16 @@ def truncated_rows(docs, tok, seq_len: int, batch: int, tokens: int, seed: int =
   for i in order:
     if taken >= tokens and not rows:
       break
-    if exclude and splits.digest(docs[int(i)]) in exclude:
+    doc = docs[int(i)]  # read once (a corpus may read its documents from disk)
+    if exclude and splits.digest(doc) in exclude:
       continue
-    ids = tok.encode(docs[int(i)], add_eos=tok.eos_id is not None)
+    ids = tok.encode(doc, add_eos=tok.eos_id is not None)
     if len(ids) > seq_len:
       ids = ids[:seq_len - 1] + ids[-1:] if tok.eos_id is not None else ids[:seq_len]
     if len(ids) < 2:
       continue
     rows.append(ids)
-    used.append(docs[int(i)])
+    used.append(doc)
     taken += len(ids)
     if len(rows) == batch:
       out.append(rows)

@@ -5,8 +5,8 @@ Each slot is a row of one preallocated KV cache (`sampling.layer_list_cache`, S 
 used as a ring: every decode step writes all rows at the shared index, which advances modulo S. A row's keys carry
 their positions (rotary embeddings are applied before caching, and `pos` marks each position's token position, -1
 for none), so attention does not depend on where in the ring a token sits: a prompt admitted into a free row is
-prefilled on its own and its keys written to the S-ring positions just before the shared index, the rest of the
-row cleared; its decoding then continues the ring. A row never overwrites its own live keys while its prompt and
+prefilled on its own and its keys written to the S-ring positions just before the shared index, every other
+position of the row marked -1 (its stale keys are never attended); its decoding then continues the ring. A row never overwrites its own live keys while its prompt and
 new tokens fit in S (checked). Two compiled programs serve everything: one decode step over every slot and one
 prefill per prompt-length bucket (`prefix.bucket`).
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxlab.generate import prefix as prefix_lib
 from jaxlab.generate import quant
-from jaxlab.generate.sampling import _choose, layer_list_cache, layer_list_forward, split_layers
+from jaxlab.generate.sampling import _choose, layer_list_cache, layer_list_forward, split_layers, stop_ids
 
 
 def _pick(logits_BV, keys_B, greedy, temperature, top_k, top_p):
@@ -93,8 +93,7 @@ def generate(params, cfg, prompts: Sequence[Sequence[int]], max_new_tokens: int,
   if longest + max_new_tokens > s:
     raise ValueError(f"continuous.generate: a prompt of {longest} positions (bucketed) + {max_new_tokens} new tokens "
                      f"does not fit a ring of {s} positions; raise capacity")
-  eos = cfg.eos_token_id
-  stop = set((eos,) if isinstance(eos, int) else (eos or ())) | {int(t) for t in stop_tokens}
+  stop = set(stop_ids(cfg, stop_tokens))
   key = jax.random.key(0) if key is None else key
   params = split_layers(quant.quantize(params, weights))
   static = dict(cfg=cfg, greedy=greedy, top_k=None if greedy or not top_k else int(top_k))

@@ -222,6 +222,13 @@ def _pad_prompts(prompt, prompt_mask, pad_id, vocab_size):
   return prompt.astype(jnp.int32), mask
 
 
+def stop_ids(cfg, stop_tokens: Sequence[int] | None = None) -> tuple[int, ...]:
+  """The ids that end a generated row: `cfg.eos_token_id` (an id or several) and `stop_tokens`, sorted."""
+  eos = cfg.eos_token_id
+  eos = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
+  return tuple(sorted({int(s) for s in (*eos, *(stop_tokens or ()))}))
+
+
 def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, key=None, prompt_mask=None, stop_tokens: Sequence[int] | None = None,
            max_length: int | None = None, pad_id: int | None = None, forward_fn: Callable | None = None,
@@ -280,9 +287,7 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
   if not greedy and key is None:
     raise ValueError("sampling with temperature > 0 needs a PRNG key, found key=None")
   pad = int(pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0))
-  eos = cfg.eos_token_id
-  eos = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
-  stop = tuple(sorted({int(s) for s in (*eos, *(stop_tokens or ()))}))
+  stop = stop_ids(cfg, stop_tokens)
   whole, cap = None, np.iinfo(np.int32).max if max_length is None else int(max_length)
   if prefix is not None:  # the tokens after the prefix are the prompt; outputs show the whole prompts
     if forward_fn is not None or init_cache_fn is not None or inputs_embeds_BTD is not None:
