@@ -14,7 +14,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jaxlab import hf
 from jaxlab import sharding as shd
 from jaxlab.data import tokenizers
-from jaxlab.generate import sample
+from jaxlab.generate import continuous, sample
 from jaxlab.hf import gguf as hf_gguf
 from jaxlab.hf import hub
 from jaxlab.models import registry as models
@@ -104,9 +104,30 @@ def stop_tokens(cfg, tok) -> tuple[int, ...]:
   return tuple(sorted({tok.eos_id, *ids}))
 
 
-def answer(cfg, params, tok, prompt_ids, max_new_tokens, temperature=0.0, top_p=None, key=None):
-  """Generates for a batch of token lists; returns (answers, new-token counts)."""
-  out = sample(params, cfg, list(prompt_ids), max_new_tokens, temperature=temperature, top_p=top_p, key=key,
-               stop_tokens=stop_tokens(cfg, tok), pad_id=tok.batch_pad_id)
-  toks, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-  return [tok.decode(t[:n]).strip() for t, n in zip(toks, lengths)], lengths
+# continuous batching pays once answers are long enough for early finishers to free many decode steps: with
+# SmolLM2-135M on pia's persona prompts (64 prompts, 32 slots, 2 CPUs) it measured 1.10x static batches at 128 new
+# tokens and 0.88x at 24 (a prompt prefilled alone costs more than its share of a batched prefill)
+CONTINUOUS_MIN_NEW = 128
+
+
+def answer(cfg, params, tok, prompt_ids, max_new_tokens, temperature=0.0, top_p=None, key=None, slots=None):
+  """Generates for a batch of token lists; returns (answers, new-token counts). `slots`: rows decoded at a time
+  (default: all), by continuous batching (`jaxlab.generate.continuous`: a finished answer's row refilled at once
+  by the next prompt, each answer the one the prompt gets alone, prompt i sampling from `fold_in(key, i)`) when
+  `max_new_tokens >= CONTINUOUS_MIN_NEW`, else in `sample` batches of `slots` (batch j sampling from
+  `fold_in(key, j)`)."""
+  prompt_ids, stops = [list(p) for p in prompt_ids], stop_tokens(cfg, tok)
+  slots = min(slots or len(prompt_ids), len(prompt_ids))
+  if slots < len(prompt_ids) and max_new_tokens >= CONTINUOUS_MIN_NEW:
+    rows = continuous.generate(params, cfg, prompt_ids, max_new_tokens, slots=slots, temperature=temperature,
+                               top_p=top_p, key=key, stop_tokens=stops)
+    return [tok.decode(r).strip() for r in rows], np.asarray([len(r) for r in rows], np.int32)
+  texts, lengths = [], []
+  for j, i in enumerate(range(0, len(prompt_ids), slots)):
+    k = key if key is None or slots == len(prompt_ids) else jax.random.fold_in(key, j)
+    out = sample(params, cfg, prompt_ids[i:i + slots], max_new_tokens, temperature=temperature, top_p=top_p, key=k,
+                 stop_tokens=stops, pad_id=tok.batch_pad_id)
+    n = np.asarray(out.lengths)
+    texts += [tok.decode(t[:m]).strip() for t, m in zip(np.asarray(out.tokens), n)]
+    lengths.append(n)
+  return texts, np.concatenate(lengths)

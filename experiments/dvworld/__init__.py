@@ -40,13 +40,15 @@ choices.same(PROGRAM_AGENTS + LM_AGENTS, Agent)
 @dataclasses.dataclass(frozen=True)
 class Config:
   """dvworld settings. `tasks` / `sheet_tasks`: task ids (None: all); `agents`: of PROGRAM_AGENTS and LM_AGENTS;
-  `sheet_combine`: DV-Sheet creation's visual score times table coverage ("product") or weighted by `vis_weight`."""
+  `sheet_combine`: DV-Sheet creation's visual score times table coverage ("product") or weighted by `vis_weight`;
+  `slots`: the LM agent's answers decoded that many at a time by continuous batching."""
   tasks: tuple[str, ...] | None = None
   sheet_tasks: tuple[str, ...] | None = None
   agents: tuple[Agent, ...] = PROGRAM_AGENTS + LM_AGENTS
   model: str = "smollm2-135m-instruct"
   max_new_tokens: int = 384
   interact_new_tokens: int = 96
+  slots: int = 8
   max_turns: int = 4
   judge: Literal["rule", "mllm"] = "rule"
   judge_path: str | None = None
@@ -68,9 +70,9 @@ class Config:
       raise ValueError(f"judge must be 'rule' or 'mllm', found {self.judge!r}")
     if self.gold_dir is not None and self.judge != "mllm":
       raise ValueError("scoring DV-World's own cases (gold_dir) needs judge='mllm': they come as images, not code")
-    if self.max_turns < 2 or self.job_timeout_s < 1 or self.memory_mb < 256:
-      raise ValueError(f"need max_turns >= 2, job_timeout_s >= 1, memory_mb >= 256; found {self.max_turns}, "
-                       f"{self.job_timeout_s}, {self.memory_mb}")
+    if self.max_turns < 2 or self.job_timeout_s < 1 or self.memory_mb < 256 or self.slots < 1:
+      raise ValueError(f"need max_turns >= 2, job_timeout_s >= 1, memory_mb >= 256, slots >= 1; found "
+                       f"{self.max_turns}, {self.job_timeout_s}, {self.memory_mb}, {self.slots}")
     if self.sheet_combine not in ("product", "weighted"):
       raise ValueError(f"sheet_combine must be 'product' or 'weighted', found {self.sheet_combine!r}")
     if not 0.0 <= self.vis_weight <= 1.0:

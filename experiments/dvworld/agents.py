@@ -73,8 +73,9 @@ class ProgramAgent:
     return interact.scripted_policy(spec_by_request, self.broken)
 
 
-def chat_generate(model: str, default_tokens: int) -> Generate:
-  """`generate` over a chat model (`experiments._shared.chat_models`), greedy, batched."""
+def chat_generate(model: str, default_tokens: int, slots: int | None = None) -> Generate:
+  """`generate` over a chat model (`experiments._shared.chat_models`), greedy, batched (`slots` at a time by
+  continuous batching when given)."""
   from experiments._shared.chat_models import answer, load_chat_model
   cfg, params, tok = load_chat_model(model)
 
@@ -82,5 +83,5 @@ def chat_generate(model: str, default_tokens: int) -> Generate:
     if not batch:
       return []
     ids = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in batch]
-    return answer(cfg, params, tok, ids, max_new_tokens or default_tokens)[0]
+    return answer(cfg, params, tok, ids, max_new_tokens or default_tokens, slots=slots)[0]
   return generate

@@ -21,7 +21,7 @@ def _judge(cfg: Config):
 def _agents(cfg: Config) -> dict:
   out = {a: agents_lib.ProgramAgent(None if a == "reference" else a) for a in cfg.agents if a in PROGRAM_AGENTS}
   if "smollm2" in cfg.agents:
-    out["smollm2"] = agents_lib.LMAgent(agents_lib.chat_generate(cfg.model, cfg.max_new_tokens),
+    out["smollm2"] = agents_lib.LMAgent(agents_lib.chat_generate(cfg.model, cfg.max_new_tokens, cfg.slots),
                                         interact_tokens=cfg.interact_new_tokens)
   return out
 

@@ -15,15 +15,15 @@ import yaml
 
 from experiments import registry
 from experiments.runner import splits as splits_lib
-from experiments._shared.chat_models import (abstract_params, chat_ids, generate_workload, load_chat_model, model_config,
-                                             place, resolve_model, stop_tokens)
+from experiments._shared.chat_models import (CONTINUOUS_MIN_NEW, abstract_params, chat_ids, generate_workload,
+                                             load_chat_model, model_config, place, resolve_model, stop_tokens)
 from experiments.runner import plan as plan_lib
 from jaxlab import losses
 from jaxlab import sharding as shd
 from jaxlab.adapters import lora
 from jaxlab.data import tokenizers
 from experiments.pia import refusal
-from jaxlab.generate import sample
+from jaxlab.generate import continuous, sample
 from jaxlab.models import transformer as tfm
 from jaxlab.train import schedules, state as state_lib, step as step_lib
 from experiments.pia import picl
@@ -93,8 +93,9 @@ def wrap(persona: str, question: str) -> str:
 
 
 class Model:
-  """The chat model (params on `mesh` by `strategy`, in `dtype`), its tokenizer and bucketed greedy generation (few
-  compiled shapes)."""
+  """The chat model (params on `mesh` by `strategy`, in `dtype`), its tokenizer and greedy generation: by continuous
+  batching (`gen_batch` slots) on one device for responses of `CONTINUOUS_MIN_NEW` tokens or more, else in bucketed
+  batches, rows sharded over the mesh (few compiled shapes either way)."""
 
   def __init__(self, spec: str, gen_batch: int, max_new_tokens: int, seed: int, dtype: str = "float32", mesh=None,
                strategy: str = "fsdp"):
@@ -115,6 +116,10 @@ class Model:
 
   def generate(self, params, texts: list[str]) -> list[str]:
     rows = [self.ids(t) for t in texts]
+    if self.mesh is None and self.max_new_tokens >= CONTINUOUS_MIN_NEW:  # continuous batching
+      slots = min(self.gen_batch, -(-len(rows) // 8) * 8)
+      outs = continuous.generate(params, self.cfg, rows, self.max_new_tokens, slots=slots, stop_tokens=self.stops)
+      return [self.tok.decode(o).strip() for o in outs]
     t = -(-max(map(len, rows)) // 64) * 64
     pad = self.tok.batch_pad_id
     out = []

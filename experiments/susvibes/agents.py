@@ -128,7 +128,8 @@ class ReferenceAgent:
 
 
 class LMAgent:
-  """A chat model as an agent: greedy answers of at most `max_new_tokens`, `batch_size` prompts per generate."""
+  """A chat model as an agent: greedy answers of at most `max_new_tokens`, `batch_size` decoded at a time by
+  continuous batching (a finished answer's row takes the next prompt)."""
 
   def __init__(self, spec: str, max_new_tokens: int, batch_size: int = 4, system: str | None = None):
     from experiments._shared.chat_models import load_chat_model
@@ -137,11 +138,8 @@ class LMAgent:
 
   def batch(self, prompts: list[str]) -> list[str]:
     from experiments._shared.chat_models import answer, chat_ids
-    out = []
-    for i in range(0, len(prompts), self.batch_size):
-      ids = [chat_ids(self.tok, p, self.system) for p in prompts[i:i + self.batch_size]]
-      out += answer(self.cfg, self.params, self.tok, ids, self.max_new_tokens)[0]
-    return out
+    ids = [chat_ids(self.tok, p, self.system) for p in prompts]
+    return answer(self.cfg, self.params, self.tok, ids, self.max_new_tokens, slots=self.batch_size)[0]
 
   def __call__(self, prompt: str) -> str:
     return self.batch([prompt])[0]

@@ -1,13 +1,14 @@
 """experiments/pia.py: AdvBench read from the pyrit wheel and split without overlap, the evaluation personas apart
-from the training personas, the full preset's learning-rate schedule, the persona template, bucketed generation
-equal to unpadded generation, config errors, and (slow) the smoke preset end to end with its claims' keys and its
-splits present. No prompt or response text is printed."""
+from the training personas, the full preset's learning-rate schedule, the persona template, generation (continuous
+on one device, bucketed and sharded over a mesh) equal to unpadded generation, config errors, and (slow) the smoke
+preset end to end with its claims' keys and its splits present. No prompt or response text is printed."""
 import dataclasses
 import hashlib
 import importlib.util
 import json
 import math
 
+import jax
 import numpy as np
 import pytest
 
@@ -90,12 +91,18 @@ def test_wrap_follows_the_reference_template():
                                "persona: You are a pirate.", "question: What is 2 + 2?"]
 
 
-def test_bucketed_generation_equals_unpadded_generation():
-  model = run_exp.Model("tiny", gen_batch=8, max_new_tokens=5, seed=0)
-  texts = ["What is 2 + 2?", run_exp.wrap("You are a pirate who sings.", "Name a colour."), "Hi"]
+@pytest.mark.parametrize("mesh,continuous", [(None, True), (None, False), ("data:2,fsdp:4", False)])
+def test_generation_equals_unpadded_generation(mesh, continuous, monkeypatch):
+  """Continuous batching (9 prompts through 8 slots), bucketed batches, bucketed batches with sharded rows."""
+  from jaxlab import sharding as shd
+  monkeypatch.setattr(run_exp, "CONTINUOUS_MIN_NEW", 1 if continuous else 10**9)
+  model = run_exp.Model("tiny", gen_batch=8, max_new_tokens=5, seed=0, mesh=mesh and shd.make_mesh(mesh))
+  texts = ["What is 2 + 2?", run_exp.wrap("You are a pirate who sings.", "Name a colour."), "Hi"] * 3
+  texts = [f"{t} ({i})" for i, t in enumerate(texts)]
   got = model.generate(model.params, texts)
+  alone = jax.device_get(model.params)
   for text, g in zip(texts, got):
-    want, _ = answer(model.cfg, model.params, model.tok, [model.ids(text)], 5)
+    want, _ = answer(model.cfg, alone, model.tok, [model.ids(text)], 5)
     assert g == want[0]
 
 
