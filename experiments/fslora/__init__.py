@@ -150,7 +150,8 @@ PRESETS = {
                    rank=64, alpha=1.0, n_clients=50, clients_per_round=10, local_steps=20, local_batch=4,
                    local_lr=3e-4, local_weight_decay=0.01, server_opt="adam", server_lr=3e-4, server_weight_decay=0.01,
                    rounds=600, ratios=reference_ratios(50, 64, 1, 32), sweep_ratios=(0.125, 0.25, 0.5),
-                   dirichlet_alpha=0.1, eval_every=20, mesh="fsdp:-1", strategy="fsdp"),
+                   dirichlet_alpha=0.1, eval_every=20, mesh="fsdp:-1", strategy="fsdp",
+                   methods=("fedlora", "hetlora", "flexlora", "flora", "fslora")),
 }
 
 

@@ -1,5 +1,6 @@
-"""Federated Sketching LoRA (FSLoRA, arXiv:2501.19389) with the FedLoRA and HetLoRA-style zero-padding
-baselines, as a federated simulation over any model: the caller supplies `loss_fn(effective_params, batch)`.
+"""Federated Sketching LoRA (FSLoRA, arXiv:2501.19389) with the FedLoRA, HetLoRA-style zero-padding, SVD
+(FlexLoRA) and stacking (FLoRA) baselines of its reference repository, as a federated simulation over any model:
+the caller supplies `loss_fn(effective_params, batch)`.
 
 The server keeps a global LoRA per target (`lora` layout: lora_a [.., in, r] = A^T, lora_b [.., r, out] = B^T of
 the paper's B [m, r], A [r, n]) with rsLoRA scale s = alpha/sqrt(r). Each round `plan_round` samples C of the N
@@ -11,11 +12,20 @@ rate constant, or cosine-decayed over `decay_rounds` rounds) from the global LoR
   fedlora: k_i = r, S_i = I.
   hetlora: client rank r_i = k_i trains the first k_i components, S_i = diag(1_{I_i}) (its truncated copy of the
            global LoRA), and the server averages with zero padding.
+  flexlora: client rank r_i = k_i at its own rsLoRA scale alpha/sqrt(r_i) (S_i = sqrt(r/r_i) diag(1_{I_i})),
+           starting from the best rank-r_i approximation of the global update; the server averages the clients'
+           full updates, D = mean_i s B_i S_i A_i, and keeps its rank-r SVD truncation as the global LoRA (the
+           reference's `LoRA_SVD.py`: singular values on B).
+  flora:   every round each client trains a fresh LoRA (A kaiming-uniform, B zero) of rank r_i at scale
+           alpha/sqrt(r_i) on the current global model, the server stacks them, which adds exactly their mean
+           update D to the global weights (`State.merged`), and the next round starts from the merged model (the
+           reference's `LoRA_Stack.py`, whose stacked adapter is scaled by alpha/sqrt(sum r_i) instead: the
+           clients' mean update times sqrt(r_i / sum r_i)).
 
 A client touches only columns I_i of B and rows I_i of A (outside I_i the sketched forward has zero gradient and
 updates are masked, so weight decay cannot move them) and uploads only those submatrices. The server treats
 g = -mean_i(delta_i) (zero where a client did not touch) as a pseudo-gradient for its optimizer (SGD with lr 1 is
-FedAvg). With `reweight`, each rank component is instead averaged over the clients that trained it this round
+FedAvg; flexlora and flora replace the global update instead and use no server optimizer). With `reweight`, each rank component is instead averaged over the clients that trained it this round
 (HeteroFL-style): with a scale-invariant client optimizer (AdamW normalizes away the r/k that the sketch puts
 into the gradient) the plain mean moves a component by about k/r of a client step per round, this by one.
 Index sets are 0/1 masks of length r, so all clients share one compiled program; in this simulation a client's
@@ -38,7 +48,7 @@ import optax
 from jaxlab import choices
 from jaxlab.adapters import lora
 
-Method = Literal["fslora", "fedlora", "hetlora"]
+Method = Literal["fslora", "fedlora", "hetlora", "flexlora", "flora"]
 METHODS = choices.values(Method)
 LocalOpt = Literal["adamw", "sgd"]  # sgd: momentum 0.9 (the sketch's r/k gradient scale then survives)
 ServerOpt = Literal["sgd", "adam"]
@@ -106,14 +116,16 @@ class Config:
 class Plan(NamedTuple):
   clients: Any  # [C] int32 client ids
   mask: Any  # [C, r] float32, 1 on I_i
-  factor: Any  # [C] float32, r/k_i for fslora, else 1
+  factor: Any  # [C] float32, r/k_i for fslora, sqrt(r/k_i) for flexlora and flora, else 1
   batch_idx: Any  # [C, H, b] int32 example indices into each client's data
+  init_key: Any  # flora: the key of the round's fresh client LoRA
 
 
 class State(NamedTuple):
   adapter: dict
   opt_state: Any
   round: Any
+  merged: dict = {}  # flora: path -> the [.., in, out] updates merged into the global weights so far
 
 
 def random_mask(key, r: int, k):
@@ -152,11 +164,12 @@ def _plan(cfg: Config, key, sizes):
     factor = r / k.astype(jnp.float32)
   else:
     mask = (jnp.arange(r)[None, :] < k[:, None]).astype(jnp.float32)
-    factor = jnp.ones((C,), jnp.float32)
+    own_scale = cfg.method in ("flexlora", "flora")
+    factor = jnp.sqrt(r / k.astype(jnp.float32)) if own_scale else jnp.ones((C,), jnp.float32)
   n = sizes[clients][:, None, None]
   u = jax.random.uniform(kb, (C, cfg.local_steps, cfg.batch_size))
   idx = jnp.minimum(jnp.floor(u * n).astype(jnp.int32), n - 1)
-  return Plan(clients, mask, factor, idx)
+  return Plan(clients, mask, factor, idx, jax.random.fold_in(key, 3))
 
 
 def sketched(adapter, mask, factor):
@@ -213,10 +226,37 @@ def server_optimizer(cfg: Config) -> optax.GradientTransformation:
 
 
 def init(cfg: Config, base_params, key, server_tx: optax.GradientTransformation | None = None) -> State:
-  """The server's state: a fresh global LoRA (A kaiming-uniform, B zeros) and its optimizer state."""
+  """The server's state: a fresh global LoRA (A kaiming-uniform, B zeros), its optimizer state and (flora) the
+  merged updates, zero."""
   adapter = lora.init(cfg.lora(), base_params, key)
   tx = server_tx or server_optimizer(cfg)
-  return State(adapter, tx.init(adapter), jnp.zeros((), jnp.int32))
+  merged = {} if cfg.method != "flora" else {p: jnp.zeros_like(lora.get_path(base_params, p), jnp.float32)
+                                              for p in adapter}
+  return State(adapter, tx.init(adapter), jnp.zeros((), jnp.int32), merged)
+
+
+def effective(cfg: Config, state: State, base_params):
+  """The global model's params: the base, plus the merged updates (flora), plus the global LoRA."""
+  return lora.merge(lora.add_deltas(base_params, state.merged), state.adapter, cfg.lora())
+
+
+def mean_update(cfg: Config, adapters_C, plan: Plan) -> dict:
+  """path -> D = mean_i s B_i S_i A_i, the clients' mean full update [.., in, out] (one contraction over the
+  stacked factors: the stacking aggregation)."""
+  s, c = cfg.lora().scale, plan.mask.shape[0]
+  return {p: jnp.einsum("c...ir,c...ro->...io", sk["lora_a"].astype(jnp.float32), sk["lora_b"].astype(jnp.float32))
+          * (s / c) for p, sk in jax.vmap(sketched)(adapters_C, plan.mask, plan.factor).items()}
+
+
+def svd_adapter(cfg: Config, update: dict, like: dict) -> dict:
+  """The global LoRA whose update is the rank-r SVD truncation of `update` (lora_a = U_r, lora_b = S_r V_r^T / s)."""
+  r, s = cfg.rank, cfg.lora().scale
+  out = {}
+  for p, d in update.items():
+    u, sv, vt = jnp.linalg.svd(d, full_matrices=False)
+    out[p] = {"lora_a": u[..., :r].astype(like[p]["lora_a"].dtype),
+              "lora_b": (sv[..., :r, None] * vt[..., :r, :] / s).astype(like[p]["lora_b"].dtype)}
+  return out
 
 
 def make_round(cfg: Config, loss_fn: Callable, server_tx: optax.GradientTransformation | None = None):
@@ -229,13 +269,24 @@ def make_round(cfg: Config, loss_fn: Callable, server_tx: optax.GradientTransfor
   @jax.jit
   def round_fn(state: State, base_params, data, plan: Plan):
     lr = cfg.round_lr(state.round)
+    base = lora.add_deltas(base_params, state.merged)
+    start = lora.init(cfg.lora(), base_params, plan.init_key) if cfg.method == "flora" else state.adapter
 
     def one(cid, mask, factor, idx):
       mine = jax.tree.map(lambda x: x[cid], data)
-      new, losses = client_update(cfg, loss_fn, state.adapter, base_params, mine, mask, factor, idx, lr)
-      return jax.tree.map(jnp.subtract, new, state.adapter), losses
+      own = start if cfg.method != "flexlora" else {  # the global update's rank-k_i part at this client's scale
+          p: {"lora_a": l["lora_a"], "lora_b": l["lora_b"] / factor.astype(l["lora_b"].dtype)} for p, l in start.items()}
+      new, losses = client_update(cfg, loss_fn, own, base, mine, mask, factor, idx, lr)
+      return (new if cfg.method in ("flexlora", "flora") else jax.tree.map(jnp.subtract, new, start)), losses
 
     deltas, losses = jax.vmap(one)(plan.clients, plan.mask, plan.factor, plan.batch_idx)
+    if cfg.method == "flexlora":
+      adapter = svd_adapter(cfg, mean_update(cfg, deltas, plan), state.adapter)
+      return State(adapter, state.opt_state, state.round + 1, state.merged), {"loss": losses}
+    if cfg.method == "flora":
+      update = mean_update(cfg, deltas, plan)
+      merged = {p: m + update[p] for p, m in state.merged.items()}
+      return State(state.adapter, state.opt_state, state.round + 1, merged), {"loss": losses}
     if cfg.reweight:
       pseudo_grad = _mean_over_covering_clients(deltas, plan.mask)
     else:
@@ -377,6 +428,6 @@ def simulate(cfg: Config, loss_fn: Callable, base_params, data, sizes, rounds: i
     state, m = round_fn(state, base_params, data, plan)
     entry = {"round": int(state.round), "train_loss": float(jnp.mean(m["loss"][:, -1])), "upload_bytes": total}
     if eval_fn is not None and ((eval_every and (i + 1) % eval_every == 0) or i == rounds - 1):
-      entry.update({k: float(v) for k, v in eval_fn(lora.merge(base_params, state.adapter, cfg.lora())).items()})
+      entry.update({k: float(v) for k, v in eval_fn(effective(cfg, state, base_params)).items()})
     history.append(entry)
   return state, history

@@ -48,7 +48,7 @@ def _reference_round(cfg, adapter, base, data, plan):
   """Each client trains the actual submatrices A^T[:, I], B^T[I, :] of rank k (a Python loop), then FedAvg."""
   lcfg = cfg.lora()
   deltas, uploaded = [], 0
-  for c, mask, factor, idx in zip(*(np.asarray(x) for x in plan)):
+  for c, mask, factor, idx in zip(*(np.asarray(x) for x in plan[:4])):
     I = np.flatnonzero(mask)
     sub = {p: {"lora_a": l["lora_a"][..., I], "lora_b": l["lora_b"][..., I, :]} for p, l in adapter.items()}
     full = {p: {"lora_a": l["lora_a"], "lora_b": l["lora_b"]} for p, l in adapter.items()}
@@ -108,7 +108,7 @@ def test_client_update_changes_only_its_sketched_components():
 
 
 @pytest.mark.parametrize("local_opt,reweight", [("adamw", False), ("sgd", False), ("adamw", True)])
-@pytest.mark.parametrize("method", fslora.METHODS)
+@pytest.mark.parametrize("method", ["fslora", "fedlora", "hetlora"])
 def test_round_equals_reference_that_trains_the_submatrices(method, local_opt, reweight):
   base, data, sizes = _problem()
   cfg = _cfg(method=method, local_opt=local_opt, reweight=reweight)
@@ -130,6 +130,62 @@ def test_round_equals_reference_that_trains_the_submatrices(method, local_opt, r
   if method != "fedlora":
     full = (cfg.rank * (D_IN + D_OUT) * 4) * cfg.clients_per_round
     assert int(fslora.upload_bytes(state.adapter, plan).sum()) < full
+
+
+def _rank_k_client(cfg, start, base, data, c, idx, k):
+  """One client of rank k at scale alpha/sqrt(k) trained from `start` (its rank-k factors); its full update."""
+  s_k = cfg.alpha / np.sqrt(k)
+  loss = lambda sub, batch: _loss(lora.add_deltas(base, {p: s_k * l["lora_a"] @ l["lora_b"] for p, l in sub.items()}),
+                                  batch)
+  tx = optax.adamw(cfg.local_lr, weight_decay=cfg.local_weight_decay)
+  sub, opt = start, tx.init(start)
+  for h in range(cfg.local_steps):
+    batch = {key: v[c][idx[h]] for key, v in data.items()}
+    updates, opt = tx.update(jax.grad(loss)(sub, batch), opt, sub)
+    sub = optax.apply_updates(sub, updates)
+  return {p: s_k * np.asarray(l["lora_a"]) @ np.asarray(l["lora_b"]) for p, l in sub.items()}
+
+
+@pytest.mark.parametrize("method", ["flexlora", "flora"])
+def test_svd_and_stacking_rounds_equal_a_loop_over_rank_k_clients(method):
+  """flexlora: clients start from the global update's best rank-k approximation (NumPy SVD) and the global LoRA
+  becomes the rank-r truncation of their mean update; flora: clients start fresh and their mean update is merged."""
+  base, data, sizes = _problem()
+  cfg = _cfg(method=method)
+  state = fslora.init(cfg, base, jax.random.key(0))
+  round_fn = fslora.make_round(cfg, _loss)
+  glob = {p: np.zeros((D_IN, D_OUT), np.float32) for p in state.adapter}  # the global update (flexlora)
+  merged = {p: np.zeros((D_IN, D_OUT), np.float32) for p in state.adapter}  # flora
+  for i in range(2):
+    plan = fslora.plan_round(cfg, jax.random.key(10 + i), sizes)
+    k_C = np.asarray(plan.mask).sum(1).round().astype(int)
+    np.testing.assert_allclose(plan.factor, np.sqrt(cfg.rank / k_C), rtol=1e-6)
+    fresh = lora.init(cfg.lora(), base, plan.init_key) if method == "flora" else state.adapter
+    updates = []
+    for c, idx, k in zip(np.asarray(plan.clients), np.asarray(plan.batch_idx), k_C):
+      if method == "flexlora" and i > 0:
+        start = {}
+        for p, g in glob.items():
+          u, sv, vt = np.linalg.svd(g)
+          start[p] = {"lora_a": jnp.asarray(u[:, :k]), "lora_b": jnp.asarray(sv[:k, None] * vt[:k] / (cfg.alpha / np.sqrt(k)))}
+      else:
+        start = {p: {"lora_a": l["lora_a"][..., :k], "lora_b": l["lora_b"][..., :k, :]} for p, l in fresh.items()}
+      here = lora.add_deltas(base, merged)
+      updates.append(_rank_k_client(cfg, start, here, data, c, idx, k))
+    mean = {p: np.mean([u[p] for u in updates], 0) for p in glob}
+    state, _ = round_fn(state, base, data, plan)
+    got = {p: np.asarray(d) for p, d in lora.deltas(state.adapter, cfg.lora()).items()}
+    if method == "flexlora":
+      for p, d in mean.items():
+        u, sv, vt = np.linalg.svd(d)
+        glob[p] = (u[:, :cfg.rank] * sv[:cfg.rank]) @ vt[:cfg.rank]
+        np.testing.assert_allclose(got[p], glob[p], rtol=1e-4, atol=1e-5)
+    else:
+      for p, d in mean.items():
+        merged[p] = merged[p] + d
+        np.testing.assert_allclose(state.merged[p], merged[p], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got[p], 0.0)
+  assert np.abs(next(iter(mean.values()))).max() > 1e-3  # the clients moved
 
 
 def test_round_lr_decay_follows_the_cosine_and_reaches_the_clients():
