@@ -130,7 +130,7 @@ def test_fslora_smoke_results(fslora_run):
   cfg = fslora_exp.PRESETS["smoke"]
   assert cfg.clients_per_round == cfg.n_clients  # every client every round: bytes have a closed form
   rescored = _rescored(out)
-  for m in (*fslora_exp.METHODS, "fslora_reweighted"):
+  for m in (*cfg.methods, "fslora_reweighted"):
     assert math.isclose(res[f"accuracy.{m}"], rescored[m], abs_tol=1e-9)
   # one rank-1 component of every target: L (in + out) float32 numbers
   per_component = cfg.setup.model.n_layers * sum(i + o for i, o in _target_shapes(cfg.setup.model)) * 4
