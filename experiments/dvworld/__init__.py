@@ -41,7 +41,8 @@ choices.same(PROGRAM_AGENTS + LM_AGENTS, Agent)
 class Config:
   """dvworld settings. `tasks` / `sheet_tasks`: task ids (None: all); `agents`: of PROGRAM_AGENTS and LM_AGENTS;
   `sheet_combine`: DV-Sheet creation's visual score times table coverage ("product") or weighted by `vis_weight`;
-  `slots`: the LM agent's answers decoded that many at a time by continuous batching."""
+  `slots`: the LM agent's answers decoded that many rows at a time (`chat_models.answer`: continuous batching for
+  long answers)."""
   tasks: tuple[str, ...] | None = None
   sheet_tasks: tuple[str, ...] | None = None
   agents: tuple[Agent, ...] = PROGRAM_AGENTS + LM_AGENTS

@@ -74,8 +74,8 @@ class ProgramAgent:
 
 
 def chat_generate(model: str, default_tokens: int, slots: int | None = None) -> Generate:
-  """`generate` over a chat model (`experiments._shared.chat_models`), greedy, batched (`slots` at a time by
-  continuous batching when given)."""
+  """`generate` over a chat model (`experiments._shared.chat_models.answer`), greedy, batched (`slots` rows at a
+  time when given)."""
   from experiments._shared.chat_models import answer, load_chat_model
   cfg, params, tok = load_chat_model(model)
 

@@ -11,9 +11,10 @@ solutions as oracles (reference_secure must score 1.0 / 1.0 and reference_insecu
 tasks and the harness) and SmolLM2-135M-Instruct (`smollm2`), a real but weak agent that answers with whole files or
 a diff (`agents.py`), greedy. Presets: smoke runs two tasks with 4 new tokens per LM answer (a plumbing check of the
 LM path, not a result); cpu runs all tasks with 320 new tokens and prompts that show the snapshot's source files
-without its tests (`prompt_files="source"`, half the prompt length; "all" shows the tests too), 16 answers decoded
-at a time by continuous batching (`jaxlab.generate.continuous`: one decode program and one prefill per prompt-length
-bucket are compiled, a prompt is prefilled alone). full: the SUSVIBES dataset file, its environment specs and an
+without its tests (`prompt_files="source"`, half the prompt length; "all" shows the tests too), in batches of 16
+(its 16 tasks: one generate call, which compiles for its shapes, ~30 s on 2 cores; the prefill's logits over every
+prompt position bound the batch: ~1.4 GB at 16; more prompts than `batch_size` are decoded that many at a time by
+continuous batching, `chat_models.answer`). full: the SUSVIBES dataset file, its environment specs and an
 agent's predictions by path, each task run in its Docker image (`full.py`). results.json:
 `func_pass.<agent>.<strategy>` (correct ratio), `secure_pass.<agent>.<strategy>` (correct-and-secure ratio),
 `patch_errors.*`, `scanner_flagged.<agent>` (share of first answers the scanner flags under the feedback strategy),

@@ -128,8 +128,8 @@ class ReferenceAgent:
 
 
 class LMAgent:
-  """A chat model as an agent: greedy answers of at most `max_new_tokens`, `batch_size` decoded at a time by
-  continuous batching (a finished answer's row takes the next prompt)."""
+  """A chat model as an agent: greedy answers of at most `max_new_tokens`, `batch_size` rows decoded at a time
+  (`chat_models.answer(slots=batch_size)`: continuous batching for long answers)."""
 
   def __init__(self, spec: str, max_new_tokens: int, batch_size: int = 4, system: str | None = None):
     from experiments._shared.chat_models import load_chat_model

@@ -25,9 +25,10 @@ rate constant, or cosine-decayed over `decay_rounds` rounds) from the global LoR
 A client touches only columns I_i of B and rows I_i of A (outside I_i the sketched forward has zero gradient and
 updates are masked, so weight decay cannot move them) and uploads only those submatrices. The server treats
 g = -mean_i(delta_i) (zero where a client did not touch) as a pseudo-gradient for its optimizer (SGD with lr 1 is
-FedAvg; flexlora and flora replace the global update instead and use no server optimizer). With `reweight`, each rank component is instead averaged over the clients that trained it this round
-(HeteroFL-style): with a scale-invariant client optimizer (AdamW normalizes away the r/k that the sketch puts
-into the gradient) the plain mean moves a component by about k/r of a client step per round, this by one.
+FedAvg; flexlora and flora replace the global update instead and use no server optimizer). With `reweight`, each
+rank component is instead averaged over the clients that trained it this round (HeteroFL-style): with a
+scale-invariant client optimizer (AdamW normalizes away the r/k that the sketch puts into the gradient) the plain
+mean moves a component by about k/r of a client step per round, this by one.
 Index sets are 0/1 masks of length r, so all clients share one compiled program; in this simulation a client's
 compute is therefore that of rank r, while its upload is counted from k_i:
 k_i * sum_targets (#stacked layers) * (in + out) * itemsize bytes.
@@ -274,8 +275,9 @@ def make_round(cfg: Config, loss_fn: Callable, server_tx: optax.GradientTransfor
 
     def one(cid, mask, factor, idx):
       mine = jax.tree.map(lambda x: x[cid], data)
-      own = start if cfg.method != "flexlora" else {  # the global update's rank-k_i part at this client's scale
-          p: {"lora_a": l["lora_a"], "lora_b": l["lora_b"] / factor.astype(l["lora_b"].dtype)} for p, l in start.items()}
+      own = start
+      if cfg.method == "flexlora":  # the global update's rank-k_i part at this client's scale
+        own = {p: {**l, "lora_b": l["lora_b"] / factor.astype(l["lora_b"].dtype)} for p, l in start.items()}
       new, losses = client_update(cfg, loss_fn, own, base, mine, mask, factor, idx, lr)
       return (new if cfg.method in ("flexlora", "flora") else jax.tree.map(jnp.subtract, new, start)), losses
 

@@ -167,7 +167,8 @@ def test_svd_and_stacking_rounds_equal_a_loop_over_rank_k_clients(method):
         start = {}
         for p, g in glob.items():
           u, sv, vt = np.linalg.svd(g)
-          start[p] = {"lora_a": jnp.asarray(u[:, :k]), "lora_b": jnp.asarray(sv[:k, None] * vt[:k] / (cfg.alpha / np.sqrt(k)))}
+          b = sv[:k, None] * vt[:k] / (cfg.alpha / np.sqrt(k))  # singular values on B, at the client's scale
+          start[p] = {"lora_a": jnp.asarray(u[:, :k]), "lora_b": jnp.asarray(b)}
       else:
         start = {p: {"lora_a": l["lora_a"][..., :k], "lora_b": l["lora_b"][..., :k, :]} for p, l in fresh.items()}
       here = lora.add_deltas(base, merged)
