@@ -20,7 +20,7 @@ sums, so microbatched and full-batch updates agree. Here:
   prm_loss_fn      a PRM (`jaxlab.models.heads` on a decoder LM, the LM frozen or trained) on step-labelled batches
   mca_loss         MIND's (arXiv:2512.05530) multi-rationale contrastive alignment, per target token: the hardest
                    negative rationale's token pushed a cosine margin below the hardest positive's
-  mind_loss_fn     MIND phase 1 on a VLM: CE on the positive rationales + alpha * MCA on projected token embeddings
+  mind_loss_fn     MIND phase 1 on a VLM: CE on the trained rationales + alpha * MCA on projected token embeddings
 Next to come: Bradley-Terry reward modelling and contrastive (InfoNCE) losses.
 
 GRPO aggregation rules, for a per-token loss l over completion tokens (mask m), as `(loss_sum, weight)`:
@@ -477,19 +477,21 @@ def mca_loss(pred_BRTD, label_BRTD, role_BR, mask_BRT, margin: float = 0.2, top_
 
 def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, top_k: int = 1,
                  frozen: tuple[str, ...] = ("vision",)) -> LossFn:
-  """MIND phase-1 loss of a VLM: next-token CE on the positive rationales + `alpha` * `mca_loss`.
+  """MIND phase-1 loss of a VLM: next-token CE on the trained rationales + `alpha` * `mca_loss`.
 
-  Batch (grouped by question): inputs, targets, loss_mask [B, R, T] (the CE mask: the rationale and answer of positive
-  rows), pixels [B * R, H, W, C] (one image per row, rows in order) and role [B, R] (1 positive, -1 negative, 0
-  unused); with alpha 0 only inputs, targets, loss_mask and pixels are read (rows of a group may then be unrelated).
-  With alpha > 0 the params hold `mca_head` (`mca_head_init`) beside the VLM's: a token's MCA embedding is
-  mca_head(the LM's input embedding of the token), for the argmax of the logits (no gradient through the argmax) and
-  for each row's targets, as the reference's `cls_linear` over the shared embedding table. Returns (CE sum + alpha *
-  MCA token mean * tokens, tokens, {}): the train step's division gives CE mean + alpha * MCA mean, MIND's loss.
+  Batch: inputs, targets, loss_mask [B, R, T] (R trained rows per group, each a positive rationale under CE),
+  pixels [B * R, H, W, C] (one image per row, rows in order); with alpha > 0 also mca_targets [B, S, T] and
+  mca_role [B, S] (1 positive, -1 negative, 0 unused): the group's sampled rationales, which need their tokens only
+  (no forward pass). A group's rows share the prompt, so targets align by position; a trained row's MCA positives
+  are the group's other positive rows, trained or sampled (`mca_loss`). With alpha > 0 the params hold `mca_head`
+  (`mca_head_init`) beside the VLM's: a token's MCA embedding is mca_head(the LM's input embedding of the token),
+  for the argmax of the logits (no gradient through the argmax) and for each row's targets, as the reference's
+  `cls_linear` over the shared embedding table. Returns (CE sum + alpha * MCA token mean * tokens, tokens, {}): the
+  train step's division gives CE mean + alpha * MCA mean, MIND's loss.
 
   Args:
     cfg: the VLM config.
-    alpha: the MCA weight (0: plain CE).
+    alpha: the MCA weight (0: plain CE; the mca_* keys are not read).
     margin, top_k: as in `mca_loss`.
     frozen: top-level param groups whose gradients are stopped.
   """
@@ -500,9 +502,9 @@ def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, to
     if batch["pixels"].shape[0] != b * r:
       raise ValueError(f"mind_loss_fn: expected one image per row ({b} x {r} = {b * r}), found "
                        f"{batch['pixels'].shape[0]}")
-    if alpha and "mca_head" not in params:
-      raise ValueError(f"mind_loss_fn: alpha {alpha} needs params['mca_head'] (losses.mca_head_init), found keys "
-                       f"{sorted(params)}")
+    if alpha and ("mca_head" not in params or "mca_targets" not in batch or "mca_role" not in batch):
+      raise ValueError(f"mind_loss_fn: alpha {alpha} needs params['mca_head'] (losses.mca_head_init) and batch "
+                       f"mca_targets, mca_role; found params {sorted(params)}, batch {sorted(batch)}")
     vlm_params = {k: v for k, v in params.items() if k != "mca_head"}
     out = vlm.forward(vlm_params, batch["inputs"].reshape(b * r, t), batch["pixels"], cfg)
     targets = batch["targets"].reshape(b * r, t)
@@ -510,10 +512,15 @@ def mind_loss_fn(cfg: vlm.Config, *, alpha: float = 1.0, margin: float = 0.2, to
     ce_sum, count = next_token_nll(out.logits, targets, mask)
     if not alpha:
       return ce_sum, count, {}
+    s = batch["mca_targets"].shape[1]
     project = lambda ids: layers.linear(params["mca_head"], layers.embed(params["lm"]["embed"], ids), jnp.float32)
-    pred = jnp.argmax(out.logits, axis=-1).reshape(b, r, t)
-    mca_sum, mca_count = mca_loss(project(pred), project(batch["targets"]), batch["role"],
-                                  mask.reshape(b, r, t), margin, top_k)
+    pred = project(jnp.argmax(out.logits, axis=-1).reshape(b, r, t))
+    pred = jnp.concatenate([pred, jnp.zeros((b, s, *pred.shape[2:]), pred.dtype)], axis=1)
+    labels = project(jnp.concatenate([batch["targets"], batch["mca_targets"]], axis=1))
+    mask_BRT = mask.reshape(b, r, t)
+    role = jnp.concatenate([jnp.any(mask_BRT, axis=2).astype(jnp.int32), batch["mca_role"]], axis=1)
+    mask_BRT = jnp.concatenate([mask_BRT, jnp.zeros((b, s, t), bool)], axis=1)
+    mca_sum, mca_count = mca_loss(pred, labels, role, mask_BRT, margin, top_k)
     mca = mca_sum / jnp.maximum(mca_count, 1.0)
     return ce_sum + alpha * mca * jax.lax.stop_gradient(count), count, {}
   return loss_fn

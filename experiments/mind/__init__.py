@@ -9,10 +9,11 @@ head columns start at the mean of the old ones). Every method fine-tunes the LM 
 the ViT frozen, with the same optimizer, rows per step and total steps:
   sft_answer    "<image> question" -> "answer X"
   sft_rationale "<image> question" -> "R answer X" with one fixed rationale R per question
-  mind          P2CL phase 1 (`phase1_steps`): "<image> question" -> "R_k answer X" over all positives R_k of a
-                question in one step, plus alpha * MCA (`jaxlab.losses.mind_loss_fn`, per target token: the
-                projected embedding of the argmax prediction, the hardest negative row's token there pushed
-                `margin` below the hardest other positive's in cosine);
+  mind          P2CL phase 1 (`phase1_steps`): "<image> question" -> "R" for one positive R of each question
+                drawn each step, plus alpha * MCA (`jaxlab.losses.mind_loss_fn`, per target token: the projected
+                embedding of the argmax prediction against `mca_rationales` positives and as many negatives of
+                the question drawn each step, the hardest negative's token there pushed `margin` below the
+                hardest positive's in cosine);
                 phase 2 (`phase2_steps`, from the starting weights, as the reference's second run): "<image>
                 question given R verdict" -> "answer X correct" for a positive R, "answer X wrong fix R+" for a
                 negative (R+ the positive it was made from), half and half.
@@ -60,13 +61,13 @@ class Config:
   n_test_scenes: int = 6
   phase1_steps: int = 3
   phase2_steps: int = 2
-  questions_per_step: int = 2  # phase 1 rows per step: questions_per_step * (max_positives + 4); the others
-  # train on questions_per_step * max_positives rows
+  questions_per_step: int = 2  # every method and phase trains questions_per_step * max_positives rows a step
   lr: float = 1e-3
   warmup: int = 1
   alpha: float = 1.0
   margin: float = 0.2
   top_k: int = 1
+  mca_rationales: int = 5  # positives and negatives sampled per trained rationale each step (reference --per_pos_neg)
   seq_len: int = 160
   trim_rows: bool = True  # rows of each phase padded to their own longest (False: all to seq_len)
   eval_batch: int = 8
@@ -80,7 +81,7 @@ class Config:
 
   def __post_init__(self):
     for name in ("n_train_scenes", "n_test_scenes", "phase1_steps", "phase2_steps", "questions_per_step",
-                 "seq_len", "eval_batch", "log_every", "top_k"):
+                 "seq_len", "eval_batch", "log_every", "top_k", "mca_rationales"):
       if getattr(self, name) < 1:
         raise ValueError(f"mind.Config: {name} must be >= 1, found {getattr(self, name)}")
     if self.lr <= 0 or self.alpha < 0 or self.margin < 0 or self.warmup < 0:
@@ -113,7 +114,7 @@ registry.register(registry.Experiment(
     name="mind", config_cls=Config, presets=PRESETS, run=registry.run_of("experiments.mind.run"),
     description="MIND: multi-rationale P2CL + MCA on the scene VLM vs answer-only / single-rationale SFT",
     resume_may_change=("eval_batch", "source"), seed_key="seed",
-    results=("vlm", "train.questions", "test.questions", "accuracy.<method>", "accuracy.<method>.phase1",
+    results=("vlm", "train.questions", "test.questions", "accuracy.<method>",
              "verdict_wrong_share.mind", "mca_ablation.accuracy", "correction_rate.mind",
              "verdict_wrong_share.mind.given_negative", "correction_rate.mind.<flaw>?", "steps",
              # the misleading-cue split: where every test answer is a number, yes or no (the scenes always)

@@ -244,25 +244,24 @@ class Encoder:
     return self._length([(q, self.prompt(q), f"{text(r)} answer {q.answer}") for q in split.questions
                          for r in q.positives])
 
-  def phase1_rows(self, split: Split, k: int, negatives: bool):
-    """[Q, k (+ 4 negatives), T] rows of a question's prompt: every positive (+ answer) under CE, then (for MCA,
-    whose targets are aligned by position across a question's rows) its negatives; role 1 / -1 / 0 (unused)."""
-    all_items, roles = [], []
+  def phase1_pools(self, split: Split):
+    """Every question's rationale rows for phase 1, rows of one question sharing its prompt (MCA aligns targets by
+    position): positives [Q, K, T] ("R" under CE; inputs, targets, loss_mask) and negatives' targets [Q, F, T], with
+    their counts per question (K the most positives of a question, F the flaws)."""
+    k = max(len(q.positives) for q in split.questions)
+    length = self.phase1_length(split)
+    pos, neg, n_pos, n_neg = [], [], [], []
     for q in split.questions:
       p = self.prompt(q)
-      items = [(q, p, f"{text(r)} answer {q.answer}") for r in q.positives[:k]]
-      role = [1] * len(items) + [0] * (k - len(items))
-      items += [(q, p, None)] * (k - len(items))
-      if negatives:
-        negs = list(q.negatives[:len(rad.FLAWS)])
-        items += [(q, p, text(n.steps), False) for n in negs]
-        items += [(q, p, None)] * (len(rad.FLAWS) - len(negs))
-        role += [-1] * len(negs) + [0] * (len(rad.FLAWS) - len(negs))
-      all_items.append(items)
-      roles.append(role)
-    length = self.phase1_length(split)
-    inp, tgt, msk = (np.stack(x) for x in zip(*(self._rows(items, length) for items in all_items)))
-    return {"inputs": inp, "targets": tgt, "loss_mask": msk, "role": np.asarray(roles, np.int32)}
+      items = [(q, p, text(r)) for r in q.positives] + [(q, p, None)] * (k - len(q.positives))
+      pos.append(self._rows(items, length))
+      negs = [(q, p, text(n.steps), False) for n in q.negatives[:len(rad.FLAWS)]]
+      neg.append(self._rows(negs + [(q, p, None)] * (len(rad.FLAWS) - len(negs)), length)[1])
+      n_pos.append(len(q.positives))
+      n_neg.append(len(negs))
+    inp, tgt, msk = (np.stack(x) for x in zip(*pos))
+    return {"inputs": inp, "targets": tgt, "loss_mask": msk, "neg_targets": np.stack(neg),
+            "n_pos": np.asarray(n_pos), "n_neg": np.asarray(n_neg)}
 
   def phase2_rows(self, split: Split):
     """[M, 1, T] rows over every (question, given positive or negative) pair and the pair's kind (1 / -1)."""
@@ -303,12 +302,34 @@ class Encoder:
     return self._sampler(self.sft_rows(split, style), np.asarray([q.scene for q in split.questions]), split.pixels,
                          groups, per_group, seed)
 
-  def phase1_sampler(self, split: Split, questions: int, k: int, negatives: bool, seed: int):
-    """Without negatives only the CE keys (the batches of `sft_sampler`'s structure, so one compiled step)."""
-    arrays = self.phase1_rows(split, k, negatives)
-    if not negatives:
-      arrays = {key: arrays[key] for key in ("inputs", "targets", "loss_mask")}
-    return self._sampler(arrays, np.asarray([q.scene for q in split.questions]), split.pixels, questions, 1, seed)
+  def phase1_sampler(self, split: Split, groups: int, per_group: int, sampled: int, negatives: bool, seed: int):
+    """P2CL phase-1 batches of groups * per_group questions, each with one of its positives drawn at random under CE
+    (the rationale alone, the reference's QCM-E target). Without negatives, rows [groups, per_group, T] (the
+    structure of `sft_sampler`'s batches: one compiled step). With negatives, rows [groups * per_group, 1, T] and,
+    for MCA, `sampled` positives and `sampled` negatives of each question drawn without replacement (all of them
+    where it has fewer; the rest role 0): mca_targets [G, S, T], mca_role [G, S] (1 / -1 / 0)."""
+    pools = self.phase1_pools(split)
+    k, f = pools["inputs"].shape[1], pools["neg_targets"].shape[1]
+    sp, sn = min(sampled, k), min(sampled, f)
+    scene_Q = np.asarray([q.scene for q in split.questions])
+    rng = np.random.default_rng(seed)
+    g = groups * per_group
+    while True:
+      qi = rng.integers(0, len(scene_Q), g)
+      ri = np.asarray([rng.integers(pools["n_pos"][q]) for q in qi])
+      batch = {key: pools[key][qi, ri][:, None] for key in ("inputs", "targets", "loss_mask")}
+      if negatives:
+        mca = np.zeros((g, sp + sn, pools["targets"].shape[-1]), np.int32)
+        role = np.zeros((g, sp + sn), np.int32)
+        for i, q in enumerate(qi):
+          p = rng.choice(pools["n_pos"][q], min(sp, pools["n_pos"][q]), replace=False)
+          n = rng.choice(pools["n_neg"][q], min(sn, pools["n_neg"][q]), replace=False)
+          mca[i, :len(p)], role[i, :len(p)] = pools["targets"][q, p], 1
+          mca[i, sp:sp + len(n)], role[i, sp:sp + len(n)] = pools["neg_targets"][q, n], -1
+        batch.update(mca_targets=mca, mca_role=role)
+      else:
+        batch = {key: v.reshape(groups, per_group, -1) for key, v in batch.items()}
+      yield {**{key: jnp.asarray(v) for key, v in batch.items()}, "pixels": jnp.asarray(split.pixels[scene_Q[qi]])}
 
   def phase2_sampler(self, split: Split, groups: int, per_group: int, seed: int):
     arrays, kinds, scenes = self.phase2_rows(split)
@@ -349,7 +370,7 @@ class Encoder:
 
   def max_target(self, split: Split, phase: int) -> int:
     """Tokens (eos included) of the longest phase-1 (1) or phase-2 (2) target in `split`."""
-    if phase == 1:
+    if phase == 1:  # the longest of a phase-1 rationale and sft_rationale's "R answer X"
       return max(len(self.encode(f"{text(r)} answer {q.answer}")) for q in split.questions for r in q.positives) + 1
     return max(len(self.encode(phase2_target(False, text(r), q.answer))) for q in split.questions
                for r in q.positives) + 1

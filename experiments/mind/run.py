@@ -131,8 +131,9 @@ def vlm_config(cfg: Config) -> vlm.Config:
 
 
 def workloads(cfg: Config, mesh) -> list:
-  """The two train steps (`train_steps`: CE rows [questions_per_step, max_positives, seq_len], CE + MCA rows with the
-  4 negatives more, one image per row) and the greedy decoder (`data.decoder`), with abstract arguments at the
+  """The two train steps (`train_steps`: CE rows [questions_per_step, max_positives, seq_len]; CE + MCA on the same
+  rows as [questions_per_step * max_positives, 1, seq_len] with each row's sampled positives' and negatives' tokens,
+  one image per row) and the greedy decoder (`data.decoder`), with abstract arguments at the
   preset's shapes (`experiments plan`). Rows are planned at `seq_len` (with `trim_rows` a run pads to its longest
   row, at most that); the decoder's buffer, new tokens and test questions are the `PLAN_*` estimates."""
   from experiments.runner import plan as plan_lib
@@ -141,12 +142,13 @@ def workloads(cfg: Config, mesh) -> list:
   states = abstract_states(cfg, vcfg, tx, mesh)
   steps = train_steps(cfg, vcfg, tx, sched, mesh, states)
   b, k, t, s = cfg.questions_per_step, cfg.rad.max_positives, cfg.seq_len, vcfg.vision.image_size
-  r = k + len(rad.FLAWS)
+  g, r = b * k, min(cfg.mca_rationales, k) + min(cfg.mca_rationales, len(rad.FLAWS))
   i32, f32 = "int32", "float32"
   ce = shd.abstract_rows({"inputs": ((b, k, t), i32), "targets": ((b, k, t), i32), "loss_mask": ((b, k, t), i32),
                           "pixels": ((b * k, s, s, 3), f32)}, mesh)
-  mca = shd.abstract_rows({"inputs": ((b, r, t), i32), "targets": ((b, r, t), i32), "loss_mask": ((b, r, t), i32),
-                           "role": ((b, r), i32), "pixels": ((b * r, s, s, 3), f32)}, mesh)
+  mca = shd.abstract_rows({"inputs": ((g, 1, t), i32), "targets": ((g, 1, t), i32), "loss_mask": ((g, 1, t), i32),
+                           "mca_targets": ((g, r, t), i32), "mca_role": ((g, r), i32), "pixels": ((g, s, s, 3), f32)},
+                          mesh)
   p1, p2 = cfg.phase1_steps, cfg.phase2_steps
   e = cfg.eval_batch
   length = min(t, -(-(1 + vcfg.tokens_per_image + PLAN_QUESTION_TOKENS + PLAN_NEW_TOKENS) // 16) * 16)
@@ -158,7 +160,7 @@ def workloads(cfg: Config, mesh) -> list:
   return [plan_lib.Workload("train_step.ce", "train", steps["ce"], (state, ce), 3 * p1 + 4 * p2,
                             pipe.forward_flops(vcfg, b * k, b * k, t, train=True)),
           plan_lib.Workload("train_step.mca", "train", steps["mca"], (states["mca"], mca), p1,
-                            pipe.forward_flops(vcfg, b * r, b * r, t, train=True)),
+                            pipe.forward_flops(vcfg, g, g, t, train=True)),
           plan_lib.Workload("generate", "generate", data_lib.decoder(vcfg, length, 0),
                             (state.params, gen["tokens"], gen["lengths"], gen["pixels"],
                              jax.ShapeDtypeStruct((), jnp.int32)), calls * -(-questions // e),
@@ -219,9 +221,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   for method, style in (("sft_answer", "answer"), ("sft_rationale", "rationale")):
     models[method] = trainer.fit(method, params0, enc.sft_sampler(train_q, style, b, k, fit_seed), steps)
   for name, alpha in (("mind", cfg.alpha), ("mind_no_mca", 0.0)):
-    p1 = trainer.fit(f"{name}.phase1", params0, enc.phase1_sampler(train_q, cfg.questions_per_step, k,
-                                                                    negatives=alpha > 0, seed=fit_seed),
-                     cfg.phase1_steps, "mca" if alpha > 0 else "ce")
+    sampler = enc.phase1_sampler(train_q, b, k, cfg.mca_rationales, negatives=alpha > 0, seed=fit_seed)
+    p1 = trainer.fit(f"{name}.phase1", params0, sampler, cfg.phase1_steps, "mca" if alpha > 0 else "ce")
     p2 = trainer.fit(f"{name}.phase2", params0, enc.phase2_sampler(train_q, b, k, fit_seed), cfg.phase2_steps)
     models[name] = (p1, p2)
 
@@ -243,7 +244,6 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
       given = [data_lib.rationale_of(o) for o in r1]
       out = outputs[name + suffix] = enc.generate(p2, split, given, cfg.eval_batch, new2, len2)
       acc = _accuracy([data_lib.final_answer(o) for o in out], answers)
-      res[f"accuracy{suffix}.{name}.phase1"] = _accuracy([data_lib.final_answer(o) for o in r1], answers)
       if name == "mind":
         res[f"accuracy{suffix}.mind"] = acc
         res[f"verdict_wrong_share{suffix}.mind"] = float(np.mean([data_lib.verdict(o) == "wrong" for o in out]))

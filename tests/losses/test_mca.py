@@ -103,19 +103,21 @@ VCFG = vlm.Config(vision=vit.clip_config(image_size=16, patch_size=8, d_model=16
                   feature_layers=(-1,))
 
 
-def _batch(b=4, r=3, t=10, seed=0):
+def _batch(b=4, r=2, s=3, t=10, seed=0):
+  """r trained rows per group (row 1 of group 1 without a target, as padding) and s sampled rationales."""
   rs = np.random.RandomState(seed)
   p = VCFG.tokens_per_image
   inputs = rs.randint(4, 32, (b, r, t)).astype(np.int32)
   inputs[:, :, 1:1 + p] = 3
-  role = np.tile(np.asarray([1, 1, -1], np.int32), (b, 1))
-  role[0] = [1, -1, -1]
-  role[1] = [1, 0, -1]  # an unused row, as a question with fewer positives has
   mask = np.zeros((b, r, t), np.int32)
   mask[:, :, 6:] = 1
-  mask *= (role > 0)[:, :, None]
+  mask[1, 1] = 0
+  role = np.tile(np.asarray([1, -1, -1], np.int32), (b, 1))
+  role[0] = [-1, -1, -1]  # the trained rows' only positives are each other
+  role[2] = [1, 0, -1]  # an unused row, as a question with fewer rationales has
   return {"inputs": inputs, "targets": rs.randint(4, 32, (b, r, t)).astype(np.int32), "loss_mask": mask,
-          "pixels": rs.rand(b * r, 16, 16, 3).astype(np.float32), "role": role}
+          "pixels": rs.rand(b * r, 16, 16, 3).astype(np.float32),
+          "mca_targets": rs.randint(4, 32, (b, s, t)).astype(np.int32), "mca_role": role}
 
 
 def _params():
@@ -151,19 +153,27 @@ def test_vlm_loss_is_ce_plus_alpha_mca_of_the_projected_predictions():
   w, bias = (np.asarray(params["mca_head"][k], np.float64) for k in ("kernel", "bias"))
   project = lambda ids: table[ids] @ w + bias
   pred = project(logits.argmax(-1).reshape(b, r, t))
-  mca_sum, mca_count = np_mca(pred, project(batch["targets"]), batch["role"], batch["loss_mask"], 0.2, 1)
+  # the trained rows first, then the sampled ones (predictions unused: they have no target positions)
+  sampled = batch["mca_targets"].shape[1]
+  pred = np.concatenate([pred, np.zeros((b, sampled, t, pred.shape[-1]))], axis=1)
+  labels = project(np.concatenate([batch["targets"], batch["mca_targets"]], axis=1))
+  role = np.concatenate([(batch["loss_mask"].sum(-1) > 0).astype(np.int32), batch["mca_role"]], axis=1)
+  mask_all = np.concatenate([batch["loss_mask"], np.zeros((b, sampled, t), np.int32)], axis=1)
+  mca_sum, mca_count = np_mca(pred, labels, role, mask_all, 0.2, 1)
   assert mca_sum > 0 and mca_count == count
   s1, grads = _MIND_VALUE_AND_GRAD(params, batch)
   np.testing.assert_allclose(float(s1) / count, ce_sum / count + mca_sum / mca_count, rtol=1e-5)
   assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(grads))
   assert not any(np.any(np.asarray(x)) for x in jax.tree.leaves(grads["vision"]))
   assert all(np.any(np.asarray(x)) for x in jax.tree.leaves(grads["mca_head"]))
-  with pytest.raises(ValueError, match=r"one image per row \(4 x 3 = 12\), found 4") as e:
+  with pytest.raises(ValueError, match=r"one image per row \(4 x 2 = 8\), found 4") as e:
     losses.mind_loss_fn(VCFG)(params, {**batch, "pixels": batch["pixels"][:4]}, None)
   assert "\n" not in str(e.value)
   with pytest.raises(ValueError, match=r"needs params\['mca_head'\]") as e:
     losses.mind_loss_fn(VCFG)({k: v for k, v in params.items() if k != "mca_head"}, batch, None)
   assert "\n" not in str(e.value)
+  with pytest.raises(ValueError, match=r"mca_targets, mca_role; found .*batch \['inputs'"):
+    losses.mind_loss_fn(VCFG)(params, {k: v for k, v in batch.items() if not k.startswith("mca")}, None)
 
 
 def test_sharded_loss_and_grads_equal_single_device():

@@ -175,23 +175,42 @@ def test_phase2_rows_on_a_hand_made_question(encoder):
   assert D.phase2_target(False, "R", "two") == "answer two wrong fix R"
 
 
-def test_phase1_rows_roles_and_masks(encoder):
-  sc = S.generate(4, seed=9)
+def test_phase1_batches_draw_one_trained_rationale_and_sampled_positives_and_negatives(encoder):
+  sc = S.generate(6, seed=9)
   qs = rad.generate(sc, seed=1)
-  arrays = encoder.phase1_rows(D.Split(qs, np.zeros((4, 48, 48, 3), np.float32)), 3, negatives=True)
+  split = D.Split(qs, np.random.default_rng(0).random((6, 48, 48, 3), dtype=np.float32))
   tok = encoder.tok
-  for g, q in enumerate(qs):
-    role = arrays["role"][g]
-    assert role.tolist() == [1] * len(q.positives) + [0] * (3 - len(q.positives)) + [-1] * 4
-    for j, r in enumerate(q.positives):
-      assert tok.decode(arrays["targets"][g, j][arrays["loss_mask"][g, j] > 0].tolist()) == \
-          f"{D.text(r)} answer {q.answer}"
-    start = np.flatnonzero(arrays["loss_mask"][g, 0])[0]  # every row's target starts there (MCA aligns by position)
-    assert (arrays["inputs"][g, :, :start + 1] == arrays["inputs"][g, 0, :start + 1]).all()
-    for j, n in enumerate(q.negatives):
-      words = D.text(n.steps).split()
-      assert tok.decode(arrays["targets"][g, 3 + j, start:start + len(words)].tolist()) == D.text(n.steps)
-      assert arrays["loss_mask"][g, 3 + j].sum() == 0
+  k = max(len(q.positives) for q in qs)
+  sampled = 2
+  by_prompt = {tuple(encoder.prompt(q)): q for q in qs}
+  trained = {}
+  batches = encoder.phase1_sampler(split, 2, 3, sampled, negatives=True, seed=3)
+  for _ in range(30):
+    batch = {key: np.asarray(v) for key, v in next(batches).items()}
+    assert batch["inputs"].shape[:2] == (6, 1) and batch["mca_targets"].shape[:2] == (6, sampled + sampled)
+    for i in range(6):
+      inp, tgt, m = batch["inputs"][i, 0], batch["targets"][i, 0], batch["loss_mask"][i, 0]
+      start = np.flatnonzero(m)[0]  # every row's target starts there (MCA aligns by position)
+      q = by_prompt[tuple(inp[:start + 1].tolist())]
+      assert np.array_equal(batch["pixels"][i], split.pixels[q.scene])
+      rationale = tok.decode(tgt[m > 0].tolist())  # the rationale alone, the reference's QCM-E target
+      assert rationale in [D.text(r) for r in q.positives]
+      trained.setdefault(q.prompt, set()).add(rationale)
+      role, rows = batch["mca_role"][i], batch["mca_targets"][i]
+      want = [1] * min(sampled, len(q.positives)) + [0] * (sampled - min(sampled, len(q.positives))) + \
+          [-1] * min(sampled, len(q.negatives)) + [0] * (sampled - min(sampled, len(q.negatives)))
+      assert role.tolist() == want
+      ids = [row[start:].tolist() for row in rows]
+      texts = [tok.decode(x[:x.index(tok.eos_id)] if tok.eos_id in x else x) for x in ids]
+      pos = [t for t, r in zip(texts, role) if r == 1]
+      neg = [t for t, r in zip(texts, role) if r == -1]
+      assert len(set(pos)) == len(pos) and set(pos) <= {D.text(r) for r in q.positives}
+      assert len(set(neg)) == len(neg) and set(neg) <= {D.text(n.steps) for n in q.negatives}
+  # every positive of a question with several gets trained at some draw
+  assert any(len(v) == k for v in trained.values()) and k > 1
+  ce = next(encoder.phase1_sampler(split, 2, 3, sampled, negatives=False, seed=3))
+  sft = next(encoder.sft_sampler(split, "rationale", 2, 3, seed=3))
+  assert {key: v.shape for key, v in ce.items()} == {key: v.shape for key, v in sft.items()}
 
 
 def test_a_non_finite_step_stops_training_with_its_step_and_leaf(encoder, tmp_path):
