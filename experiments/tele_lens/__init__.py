@@ -12,9 +12,9 @@ on its first side; `splits.json` records both):
   final answer  accuracy of the answer probe (over the answer words of all tasks) at every CoT position;
   uncertainty   the LM's own answer after the CoT (its argmax over the task's answer words) is right or wrong;
                 scores for being right: minus the pivot uncertainty (mean of the k = 5 lowest answer-probe
-                entropies over the CoT, at `uncertainty_layer`), minus the mean of the k highest (the paper's
-                top-k-highest-entropy baseline), the LM's self-certainty over the CoT, minus the CoT's
-                perplexity; AUROC of each;
+                entropies over the CoT, at `uncertainty_layer`), minus the mean of the k highest entropies of
+                the LM's own next-token distribution over the CoT (the paper's probe-free top-k-highest
+                baseline), the LM's self-certainty over the CoT, minus the CoT's perplexity; AUROC of each;
   CoT bypass    where the answer probe's entropy / log 20 (`entropy_norm`) falls below `bypass_threshold` within
                 the first `bypass_window` (5) CoT positions, the probe's answer replaces the CoT's; rate and
                 accuracy change;
@@ -42,6 +42,7 @@ from experiments import registry
 from experiments.runner.claims import Claim
 from jaxlab import choices
 from jaxlab.data.tasks import reasoning
+from jaxlab.interp.probes import Activation, Schedule
 
 
 INSTRUCTION = " Think step by step, then give the answer."
@@ -66,12 +67,14 @@ class Config:
   max_cot_tokens: int = 96
   generate_batch: int = 16
   task_file: str = ""
-  layers: tuple[int, ...] = (6, 15, 24, 30)
-  uncertainty_layer: int = 15
+  layers: tuple[int, ...] = (7, 15, 22, 30)  # SmolLM2's 30 layers a quarter apart
+  uncertainty_layer: int = 22  # 3/4 depth, as the paper's layer 21 of 28
   horizon: int = 8
   rank: int = 256
   alpha: float = 256.0
   learning_rate: float = 1e-3
+  probe_activation: Activation = "gelu"  # the paper's adapter activation
+  probe_schedule: Schedule = "linear"  # the paper's linear decay (to 0 over the probe's steps)
   epochs: int = 8
   batch_size: int = 256
   pivot_k: int = 5

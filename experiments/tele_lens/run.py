@@ -173,8 +173,8 @@ def build(cfg: Config, tok, exs, cots: list[list[dict]] | None = None) -> list[d
 @functools.lru_cache(maxsize=8)
 def readout_fn(mcfg: tfm.Config, answer_ids: tuple[int, ...]):
   """The jitted LM read-out of `_lm_readouts`: `(params, tokens_BT, mask_BT)` -> (self-certainty [B, T], log-prob
-  of the next token [B, T - 1], answer-word logits [B, T, A]); weights are an argument, not constants folded into
-  the program."""
+  of the next token [B, T - 1], answer-word logits [B, T, A], next-token entropy [B, T]); weights are an argument,
+  not constants folded into the program."""
   ids = np.asarray(answer_ids, np.int32)
 
   @jax.jit
@@ -183,13 +183,18 @@ def readout_fn(mcfg: tfm.Config, answer_ids: tuple[int, ...]):
     logp = jax.nn.log_softmax(logits, -1)
     sc = -jnp.mean(logp, -1) - jnp.log(logp.shape[-1])
     nxt = jnp.take_along_axis(logp[:, :-1], tokens_BT[:, 1:, None], -1)[..., 0]
-    return sc, nxt, logits[..., ids]
+    return sc, nxt, logits[..., ids], -jnp.sum(jnp.exp(logp) * logp, -1)
   return fn
 
 
+def probe_config(cfg: Config, mcfg: tfm.Config) -> probes.Config:
+  return probes.Config(d_model=mcfg.d_model, rank=cfg.rank, alpha=cfg.alpha, horizon=cfg.horizon,
+                       learning_rate=cfg.learning_rate, activation=cfg.probe_activation, schedule=cfg.probe_schedule)
+
+
 def _lm_readouts(params, mcfg: tfm.Config, rows, answer_ids, batch: int = READOUT_BATCH):
-  """Per row: self-certainty and log-prob of the next CoT token at each position, and the answer-word logits at
-  the answer slot (a plain forward; full-vocabulary logits never leave the device)."""
+  """Per row: self-certainty, log-prob of the next CoT token and next-token entropy at each position, and the
+  answer-word logits at the answer slot (a plain forward; full-vocabulary logits never leave the device)."""
   fn = readout_fn(mcfg, tuple(int(a) for a in answer_ids))
   out = []
   for i in range(0, len(rows), batch):
@@ -199,9 +204,9 @@ def _lm_readouts(params, mcfg: tfm.Config, rows, answer_ids, batch: int = READOU
     mask = np.zeros((batch, t), np.int32)
     for b, r in enumerate(part):
       tok[b, :len(r["ids"])], mask[b, :len(r["ids"])] = r["ids"], 1
-    sc, nxt, ans = (np.asarray(x) for x in fn(params, tok, mask))
+    sc, nxt, ans, ent = (np.asarray(x) for x in fn(params, tok, mask))
     for b, r in enumerate(part):
-      out.append({"sc": sc[b], "next_logprob": nxt[b], "answer_logits": ans[b, r["slot"]]})
+      out.append({"sc": sc[b], "next_logprob": nxt[b], "answer_logits": ans[b, r["slot"]], "entropy": ent[b]})
   return out
 
 
@@ -236,8 +241,7 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
   answer_ids = sorted({a for r in rows for a in r["choices"]})
   y_answer = probes.to_subset([rows[i]["answer"] for i in pos[:, 0]], answer_ids)
   head_tokens, head_answer = probes.lm_head(params, vocab), probes.lm_head(params, answer_ids)
-  base = probes.Config(d_model=mcfg.d_model, rank=cfg.rank, alpha=cfg.alpha, horizon=cfg.horizon,
-                       learning_rate=cfg.learning_rate)
+  base = probe_config(cfg, mcfg)
   cache = os.path.join(out_dir, "features")
   res, answer_probs = {}, {}
   records = []
@@ -277,8 +281,9 @@ def run_with_model(cfg: Config, out_dir: str, mcfg: tfm.Config, params, tok, mod
     correct.append(lm_answer == r["answer"])
     every = np.ones((1, here.sum()), bool)
     pivot.append(float(probes.pivot_uncertainty(ent[here][None], every, cfg.pivot_k)[0]))
-    high.append(float(probes.pivot_uncertainty(ent[here][None], every, cfg.pivot_k, highest=True)[0]))
     cot = slice(r["cot_start"] - 1, r["cot_end"] - 1)  # positions whose next token is a CoT token
+    lm_ent = lm[i]["entropy"][cot][None]
+    high.append(float(probes.pivot_uncertainty(lm_ent, np.ones_like(lm_ent, bool), cfg.pivot_k, highest=True)[0]))
     sc.append(float(np.mean(lm[i]["sc"][cot])))
     ppl.append(float(np.exp(-np.mean(lm[i]["next_logprob"][cot]))))
     at = bypass_at(cfg, ent[here])
@@ -384,8 +389,7 @@ def workloads(cfg: Config, mesh) -> list[plan_lib.Workload]:
   steps = cfg.epochs * math.ceil(positions / 2 / cfg.batch_size) * len(cfg.layers)
   for kind, cols, y in (("tokens", PLAN_VOCAB_SUBSET, (cfg.batch_size, cfg.horizon)),
                         ("answer", len(answers), (cfg.batch_size,))):
-    pc = probes.Config(d_model=mcfg.d_model, rank=cfg.rank, alpha=cfg.alpha, horizon=cfg.horizon,
-                       learning_rate=cfg.learning_rate, kind=kind)
+    pc = probe_config(cfg, mcfg).replace(kind=kind, decay_steps=steps // len(cfg.layers))
     tx = probes.optimizer(pc)  # what `probes.train` builds its (cached) step with
     p = rep(jax.eval_shape(lambda pc=pc: probes.init(pc, jax.random.key(0))))
     batch = shd.abstract_rows({"h": ((cfg.batch_size, mcfg.d_model), "float32"), "y": (y, "int32"),

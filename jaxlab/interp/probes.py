@@ -47,6 +47,7 @@ Kind = Literal["tokens", "answer", "length"]
 KINDS = choices.values(Kind)
 Activation = Literal["none", "relu", "gelu", "silu", "tanh"]
 ACTIVATIONS = choices.values(Activation)
+Schedule = Literal["constant", "linear"]
 IGNORE = -1  # target id of a masked (token, delta) pair
 
 
@@ -63,11 +64,15 @@ class Config:
   kind: Kind = "tokens"
   horizon: int = 8
   learning_rate: float = 1e-3
+  schedule: Schedule = "constant"  # "linear": decays to 0 over `decay_steps` (`train` sets them to its step count)
+  decay_steps: int = 0
   param_dtype: layers.DType = "float32"
 
   def __post_init__(self):
     if self.d_model <= 0 or self.rank <= 0 or self.horizon <= 0:
       _fail(f"d_model, rank and horizon must be positive, found {self.d_model}, {self.rank}, {self.horizon}")
+    if self.decay_steps < 0:
+      _fail(f"decay_steps must be >= 0, found {self.decay_steps}")
     layers.check_dtype_names(self, _fail, ("param_dtype",))
     choices.check(self, _fail, nested=False)
 
@@ -273,6 +278,9 @@ def loss_fn(params, cfg: Config, batch, head_DV=None):
 
 
 def optimizer(cfg: Config) -> optax.GradientTransformation:
+  """Adam at `learning_rate`, constant or decayed linearly to 0 over `decay_steps`."""
+  if cfg.schedule == "linear":
+    return optax.adam(optax.linear_schedule(cfg.learning_rate, 0.0, max(cfg.decay_steps, 1)))
   return optax.adam(cfg.learning_rate)
 
 
@@ -310,6 +318,8 @@ def train(cfg: Config, h_ND, y, *, head_DV=None, epochs: int = 10, batch_size: i
   """Trains a probe on cached features; returns (params, per-step losses). With `mesh`, batches are sharded
   over its batch axes and the probe and head replicated."""
   params = init(cfg, jax.random.key(seed)) if params is None else params
+  if cfg.schedule == "linear":
+    cfg = cfg.replace(decay_steps=epochs * -(-len(h_ND) // batch_size))
   tx = optimizer(cfg)
   if mesh is not None:
     params = sharding.shard_params(params, mesh, "dp", axes=AXES)

@@ -125,6 +125,24 @@ def test_predict_top_k_ids_equal_a_sort_of_the_full_logits():
                                 probes.topk_accuracy(logits, targets, 5))
 
 
+def test_linear_schedule_decays_adams_steps_to_zero_over_the_training_steps():
+  # under a constant gradient Adam's bias-corrected step is lr(t) * g / (|g| + eps), i.e. lr(t) per coordinate
+  cfg = probes.Config(d_model=4, rank=2, schedule="linear", decay_steps=4, learning_rate=0.1)
+  tx = probes.optimizer(cfg)
+  params = {"w": jnp.zeros(3)}
+  state = tx.init(params)
+  steps = []
+  for _ in range(5):
+    upd, state = tx.update({"w": jnp.ones(3)}, state, params)
+    steps.append(float(-upd["w"][0]))
+  np.testing.assert_allclose(steps, [0.1, 0.075, 0.05, 0.025, 0.0], atol=1e-6)
+  const = probes.optimizer(cfg.replace(schedule="constant"))
+  upd, _ = const.update({"w": jnp.ones(3)}, const.init(params), params)
+  np.testing.assert_allclose(-np.asarray(upd["w"]), 0.1, atol=1e-6)
+  with pytest.raises(ValueError, match="schedule"):
+    probes.Config(schedule="cosine")
+
+
 def test_topk_entropies_and_readouts_against_numpy():
   rng = np.random.default_rng(4)
   logits = rng.normal(size=(40, 3, 11)).astype(np.float32)

@@ -72,6 +72,27 @@ def test_runs_on_a_tiny_model_and_writes_every_claimed_key(tmp_path):
   cached = os.listdir(tmp_path / "features")
   assert len(cached) == len(CFG.layers) and all(f.startswith("tiny-random-layer") for f in cached)
   assert (tmp_path / "horizon.png").exists() and (tmp_path / "metrics.jsonl").exists()
+  # the top-k-highest baseline is probe-free: other probes, the same AUROC; the pivot reads the probe
+  other = run_exp.run_with_model(dataclasses.replace(CFG, learning_rate=3e-2, probe_activation="silu"),
+                                 str(tmp_path / "other"), mcfg, params, tok, "tiny-random")
+  assert other["auroc.topk_highest"] == res["auroc.topk_highest"] or math.isnan(res["auroc.topk_highest"])
+
+
+def test_lm_readout_entropy_and_the_probe_free_baseline_against_numpy():
+  mcfg = tfm.Config.tiny(vocab_size=50, n_layers=2, d_ff=64, init_std=0.2)
+  params = tfm.init(mcfg, jax.random.key(1))
+  tokens = np.random.default_rng(0).integers(0, 50, (2, 12)).astype(np.int32)
+  mask = np.ones_like(tokens)
+  mask[1, 9:] = 0
+  sc, nxt, ans, ent = (np.asarray(x, np.float64) for x in run_exp.readout_fn(mcfg, (3, 5))(params, tokens, mask))
+  logits = np.asarray(tfm.forward(params, tokens, mcfg, attention_mask_BT=mask).logits, np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  np.testing.assert_allclose(ent, -(np.exp(logp) * logp).sum(-1), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(ans, logits[..., [3, 5]], rtol=1e-4, atol=1e-5)
+  cfg = exp.Config()
+  pc = run_exp.probe_config(cfg, mcfg)
+  assert (pc.activation, pc.schedule, cfg.uncertainty_layer) == ("gelu", "linear", 22)
 
 
 def _greedy_without_cache(params, mcfg, ids, n, stops):
