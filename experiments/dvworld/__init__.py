@@ -11,11 +11,14 @@ Agents (`agents`): the reference programs (the oracle; they validate the harness
 aggregation, wrong column, missing filter, wrong chart type), a guesser that never asks (DV-Interact only), and
 SmolLM2-135M-Instruct writing its own code (cpu preset; a real but weak agent). The full preset scores DV-World's own
 DV-Evol cases: the gold directory (dv-evol-*/ with gold.png or result.png, gold.csv or result.csv), one agent's
-outputs in the same layout (result.png, result.csv), and the MLLM judge by path.
+outputs in the same layout (result.png, result.csv), and the MLLM judge by path; given `sheet_gold_dir` (DV-World's
+dv-sheet gold folder: dvsheet-create-*/ with the gold workbook, dvsheet-fix-*/ with the gold and its broken start
+workbook) also its DV-Sheet cases, each agent workbook (sheet_results_dir, default results_dir, same case folders)
+scored by `sheet.creation_score` or `sheet.workbook_repair_score`; without it DV-Sheet is skipped with a note.
 
   python -m experiments run dvworld --preset cpu
   python -m experiments run dvworld --preset full --set gold_dir=DV-World/dv-evolution/gold \
-      --set results_dir=runs/my_agent --set judge_path=/opt/judge/run
+      --set results_dir=runs/my_agent --set judge_path=/opt/judge/run --set sheet_gold_dir=DV-World/dv-sheet/gold
 
 Paper: arXiv 2604.25914. Code read beside it: DA-Open/DV-World @ dd518d387601. Method, claims, presets and
 departures from the paper: experiments/dvworld/README.md.
@@ -41,6 +44,8 @@ choices.same(PROGRAM_AGENTS + LM_AGENTS, Agent)
 class Config:
   """dvworld settings. `tasks` / `sheet_tasks`: task ids (None: all); `agents`: of PROGRAM_AGENTS and LM_AGENTS;
   `sheet_combine`: DV-Sheet creation's visual score times table coverage ("product") or weighted by `vis_weight`;
+  `sheet_gold_dir` / `sheet_results_dir` (with `gold_dir`): DV-World's dv-sheet gold folder and the agent's DV-Sheet
+  outputs (None: `results_dir`), scored beside DV-Evol; without `sheet_gold_dir` DV-Sheet is skipped at full;
   `slots`: the LM agent's answers decoded that many rows at a time (`chat_models.answer`: continuous batching for
   long answers)."""
   tasks: tuple[str, ...] | None = None
@@ -57,6 +62,8 @@ class Config:
   memory_mb: int = 2048
   gold_dir: str | None = None
   results_dir: str | None = None
+  sheet_gold_dir: str | None = None
+  sheet_results_dir: str | None = None
   agent_name: str = "candidate"
   vis_weight: float = 0.5
   sheet_combine: Literal["product", "weighted"] = "product"
@@ -71,6 +78,12 @@ class Config:
       raise ValueError(f"judge must be 'rule' or 'mllm', found {self.judge!r}")
     if self.gold_dir is not None and self.judge != "mllm":
       raise ValueError("scoring DV-World's own cases (gold_dir) needs judge='mllm': they come as images, not code")
+    if (self.sheet_gold_dir is not None or self.sheet_results_dir is not None) and self.gold_dir is None:
+      raise ValueError("sheet_gold_dir / sheet_results_dir score DV-World's own DV-Sheet cases beside its DV-Evol "
+                       "ones: set gold_dir too (the full preset)")
+    if self.sheet_results_dir is not None and self.sheet_gold_dir is None:
+      raise ValueError(f"sheet_results_dir {self.sheet_results_dir!r} needs sheet_gold_dir (DV-World's dv-sheet gold "
+                       f"folder), found none")
     if self.max_turns < 2 or self.job_timeout_s < 1 or self.memory_mb < 256 or self.slots < 1:
       raise ValueError(f"need max_turns >= 2, job_timeout_s >= 1, memory_mb >= 256, slots >= 1; found "
                        f"{self.max_turns}, {self.job_timeout_s}, {self.memory_mb}, {self.slots}")
@@ -110,7 +123,8 @@ registry.register(registry.Experiment(
     description="DV-World: table alignment, chart extraction, DV-Evol / DV-Sheet / DV-Interact on a mini task set",
     results=("table_alignment.<agent>", "visual.<agent>", "dv_evol.<agent>", "ran.<agent>?", "sheet.<agent>?",
              "sheet_create.<agent>?", "sheet_fix.<agent>?", "interact_isr.<agent>?", "interact_adjust.<agent>?",
-             "interact_score.<agent>?", "interact_asked.<agent>?", "tasks?", "sheet_tasks?", "cases?"),
+             "interact_score.<agent>?", "interact_asked.<agent>?", "tasks?", "sheet_tasks?", "cases?", "sheet_cases?",
+             "sheet_skipped?"),
     paper="dvworld", seed_key=None, claims=(
         Claim("weak", "a real agent stays below 50% overall", "state-of-the-art models achieve below 50% overall",
               "{dv_evol.smollm2} < 0.5 and {sheet.smollm2} < 0.5", presets=("cpu",),

@@ -136,8 +136,84 @@ def _find(case: str, names) -> str | None:
   return next((os.path.join(case, n) for n in names if os.path.isfile(os.path.join(case, n))), None)
 
 
+SHEET_SUITES = {"create": "dvsheet-create", "fix": "dvsheet-fix"}
+SHEET_SKIPPED = "DV-Sheet not scored: no --set sheet_gold_dir=PATH (DV-World's dv-sheet gold folder)"
+
+
+def _workbooks(case: str) -> list[str]:
+  """The case folder's workbooks (.xlsx, .xls) in name order, Excel's lock files (.~*) left out; [] without one."""
+  if not os.path.isdir(case):
+    return []
+  return [os.path.join(case, n) for n in sorted(os.listdir(case)) if n.lower().endswith((".xlsx", ".xls"))
+          and not n.startswith(".~") and os.path.isfile(os.path.join(case, n))]
+
+
+def _is_start(path: str) -> bool:
+  stem = os.path.splitext(os.path.basename(path))[0].lower()
+  return "start" in stem or "broken" in stem
+
+
+def sheet_gold(case: str, mode: str) -> tuple[str | None, str | None]:
+  """(gold workbook, broken start workbook) of a gold case folder: for creation the first workbook and no start; for
+  repair the start is the first named *start* or *broken*, the gold the first named *gold*, else the first other."""
+  books = _workbooks(case)
+  if mode == "create":
+    return (books[0] if books else None), None
+  start = next((b for b in books if _is_start(b)), None)
+  named = next((b for b in books if "gold" in os.path.splitext(os.path.basename(b))[0].lower()), None)
+  return named or next((b for b in books if not _is_start(b)), books[0] if books else None), start
+
+
+def sheet_cases(cfg: Config) -> list[tuple[str, str, str, str | None]]:
+  """(mode, case, gold workbook, start workbook) of each DV-Sheet case in `sheet_gold_dir`, checked: the folders
+  exist, there are cases, and each has its gold workbook (.xlsx) and, for repair, its broken start."""
+  results = cfg.sheet_results_dir or cfg.results_dir
+  for field, path in (("sheet_gold_dir", cfg.sheet_gold_dir), ("sheet_results_dir", results)):
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f"{field}: expected a directory of dvsheet-create-* / dvsheet-fix-* case folders, "
+                              f"found none at {path!r}")
+  names = sorted(os.listdir(cfg.sheet_gold_dir))
+  out = [(m, d, *sheet_gold(os.path.join(cfg.sheet_gold_dir, d), m)) for d in names for m, p in SHEET_SUITES.items()
+         if d.startswith(p) and os.path.isdir(os.path.join(cfg.sheet_gold_dir, d))]
+  if not out:
+    raise FileNotFoundError(f"sheet_gold_dir {cfg.sheet_gold_dir!r}: expected dvsheet-create-* or dvsheet-fix-* case "
+                            f"folders, found none (entries: {names[:5]})")
+  no_gold = [c for _, c, g, _ in out if g is None or not g.lower().endswith(".xlsx")]
+  no_start = [c for m, c, g, s in out if m == "fix" and (s is None or s == g)]
+  if no_gold or no_start:
+    raise FileNotFoundError(f"sheet_gold_dir {cfg.sheet_gold_dir!r}: expected a gold .xlsx in every case folder and a "
+                            f"broken *start*/*broken* .xlsx beside it in every dvsheet-fix one; found no gold .xlsx in "
+                            f"{no_gold[:5]}, no start in {no_start[:5]}")
+  return out
+
+
+def run_full_sheet(cfg: Config, cases: list, log) -> dict:
+  """DV-World's own DV-Sheet cases: each case's first workbook in the results folder, creation by
+  `sheet.creation_score` against the gold workbook, repair by `sheet.workbook_repair_score`; a case without a
+  candidate workbook scores 0."""
+  results, rows = cfg.sheet_results_dir or cfg.results_dir, []
+  for mode, case, gold, start in cases:
+    cand = next(iter(_workbooks(os.path.join(results, case))), None)
+    parts, must = {}, None
+    if mode == "create":
+      parts = sheet.creation_score(cand or "", gold, cfg.sheet_combine, cfg.vis_weight)
+      score = parts.pop("score")
+    else:
+      score, must = sheet.workbook_repair_score(gold, start, cand)
+    rows.append({"domain": "sheet", "agent": cfg.agent_name, "task": case, "mode": mode, "candidate": cand,
+                 "must_fix": must, "score": score, **parts})
+    log(rows[-1])
+  n, res = cfg.agent_name, {"sheet_cases": len(rows)}
+  res[f"sheet.{n}"] = _mean([r["score"] for r in rows])
+  for mode in SHEET_SUITES:
+    if any(r["mode"] == mode for r in rows):
+      res[f"sheet_{mode}.{n}"] = _mean([r["score"] for r in rows if r["mode"] == mode])
+  return res
+
+
 def run_full(cfg: Config, out_dir: str, log) -> dict:
-  """DV-World's own DV-Evol cases: the gold directory against one agent's outputs, the MLLM judge on the images."""
+  """DV-World's own cases: DV-Evol (the gold directory against one agent's outputs, the MLLM judge on the images) and,
+  with `sheet_gold_dir`, DV-Sheet creation and repair (`run_full_sheet`); every path is checked before scoring."""
   for field in ("gold_dir", "results_dir"):
     path = getattr(cfg, field)
     if not os.path.isdir(path):
@@ -146,7 +222,17 @@ def run_full(cfg: Config, out_dir: str, log) -> dict:
   cases = sorted(d for d in os.listdir(cfg.gold_dir) if d.startswith("dv-evol"))
   if not cases:
     raise FileNotFoundError(f"gold_dir {cfg.gold_dir!r}: expected dv-evol-* case folders, found none")
-  splits.record(out_dir, "dvworld", {"dv_evol": {"cases": cases}})
+  items = {"dv_evol": {"cases": cases}}
+  if cfg.sheet_gold_dir is None:
+    splits.record(out_dir, "dvworld", items)
+    return {"sheet_skipped": SHEET_SKIPPED, **run_full_evol(cfg, cases, judge, log)}
+  sheet_items = sheet_cases(cfg)
+  splits.record(out_dir, "dvworld", {**items, "dv_sheet": {"cases": [c for _, c, _, _ in sheet_items]}})
+  return {**run_full_sheet(cfg, sheet_items, log), **run_full_evol(cfg, cases, judge, log)}
+
+
+def run_full_evol(cfg: Config, cases: list, judge, log) -> dict:
+  """DV-World's own DV-Evol cases: table alignment on the CSVs, the MLLM judge on the PNGs; missing files score 0."""
   rows = []
   for case in cases:
     g, c = os.path.join(cfg.gold_dir, case), os.path.join(cfg.results_dir, case)
@@ -220,8 +306,9 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
 
 
 def workloads(cfg: Config, mesh) -> list:
-  """Nothing for `experiments plan` at any preset that scores DV-World's own cases (full): the run aligns CSV tables
-  and hands each gold / candidate PNG pair to the MLLM judge at `judge_path`, an executable outside jaxlab, so no
-  accelerator compute of this run remains to plan. (The cpu preset's SmolLM2 agent is not a paper-scale workload.)"""
+  """Nothing for `experiments plan` at any preset that scores DV-World's own cases (full): the run aligns CSV tables,
+  hands each gold / candidate PNG pair to the MLLM judge at `judge_path`, an executable outside jaxlab, and reads
+  DV-Sheet workbooks with openpyxl, so no accelerator compute of this run remains to plan. (The cpu preset's SmolLM2
+  agent is not a paper-scale workload.)"""
   del cfg, mesh
   return []

@@ -11,7 +11,8 @@ they point at and compared with the gold chart's, as the reference's DV-Sheet ev
   max(1e-6, 1e-4 max(|g|, 1))) and scaled by min/max length; a gold series takes its best unused candidate series,
   and the series term is their mean times matched / max(gold, candidate) series;
   repair (broken-gated): the aspects (type, series at 0.95, axis) in which the start chart differs from the gold
-  one must all match the gold in the candidate, for 1, else 0.
+  one must all match the gold in the candidate, for 1, else 0; over whole workbooks (DV-World's own repair cases,
+  `workbook_repair_score`) every gold chart, matched greedily to a start and a candidate chart, must pass.
 Creation follows the reference's DV-Sheet creation evaluator (`creation_score`): the first worksheet holding a chart
 (else the active one) is graded; three gates score 0 when the sheet has no chart, when the first chart's box (6
 columns x 12 rows from its top-left cell, `anchor_box`) covers the sheet's whole used range (non-overlap ratio
@@ -98,20 +99,20 @@ def _series_name(wb, ser) -> str:
   return str(tx.v or "")
 
 
-def read_charts(path: str, sheet: str = "result") -> list[SheetChart]:
-  """The charts of `sheet` in the workbook at `path`, series resolved to cell values; [] for a missing, oversized
-  or unreadable workbook or sheet."""
-  if not os.path.isfile(path) or os.path.getsize(path) > MAX_XLSX_BYTES:
-    return []
+def _load(path: str):
+  """The workbook at `path`; None when missing, oversized or unreadable (a broken candidate file reads as no chart)."""
+  if not path or not os.path.isfile(path) or os.path.getsize(path) > MAX_XLSX_BYTES:
+    return None
   from openpyxl import load_workbook
   try:
-    wb = load_workbook(path)
-  except Exception:  # noqa: BLE001  (a candidate's broken file reads as no chart)
-    return []
-  if sheet not in wb.sheetnames:
-    return []
+    return load_workbook(path)
+  except Exception:  # noqa: BLE001
+    return None
+
+
+def _charts_of(wb, ws) -> list[SheetChart]:
   out = []
-  for ch in wb[sheet]._charts:
+  for ch in ws._charts:
     name = type(ch).__name__
     kind = next((k for k, v in SHEET_TYPES.items() if v == name), f"other:{name}")
     series = []
@@ -126,6 +127,19 @@ def read_charts(path: str, sheet: str = "result") -> list[SheetChart]:
     y_max = None if scaling is None or scaling.max is None else float(scaling.max)
     out.append(SheetChart(kind, _text(ch.title), tuple(series), y_min, y_max))
   return out
+
+
+def read_charts(path: str, sheet: str = "result") -> list[SheetChart]:
+  """The charts of `sheet` in the workbook at `path`, series resolved to cell values; [] for a missing, oversized
+  or unreadable workbook or sheet."""
+  wb = _load(path)
+  return _charts_of(wb, wb[sheet]) if wb is not None and sheet in wb.sheetnames else []
+
+
+def workbook_charts(path: str) -> list[SheetChart]:
+  """Every chart of every worksheet of the workbook at `path`, sheet by sheet; [] as `read_charts`."""
+  wb = _load(path)
+  return [] if wb is None else [c for ws in wb.worksheets for c in _charts_of(wb, ws)]
 
 
 def _number(v) -> bool:
@@ -213,6 +227,39 @@ def repair_score(gold: SheetChart, start: SheetChart, cand: SheetChart | None) -
     return 0.0, must
   after = components(gold, cand)
   return float(all(after[k] >= THRESHOLDS[k] for k in must)), must
+
+
+def match_charts(gold: list[SheetChart], other: list[SheetChart]) -> list[int | None]:
+  """Each gold chart's partner in `other` (an index, None when none is left): pairs taken greedily by descending
+  (chart_similarity, gold index, other index), each chart used once."""
+  pairs = sorted(((chart_similarity(g, o), i, j) for i, g in enumerate(gold) for j, o in enumerate(other)),
+                 reverse=True)
+  out, used = [None] * len(gold), set()
+  for _, i, j in pairs:
+    if out[i] is None and j not in used:
+      out[i] = j
+      used.add(j)
+  return out
+
+
+def workbook_repair_score(gold_path: str, start_path: str, cand_path: str | None) -> tuple[float, list]:
+  """(1 or 0, each gold chart's must-fix aspects) over whole workbooks: the charts of every worksheet, each gold chart
+  matched (`match_charts`) to one of the broken start's and one of the candidate's; 1 when every gold chart has both
+  partners and `repair_score` gives it 1."""
+  gold = workbook_charts(gold_path)
+  if not gold:
+    raise ValueError(f"the gold workbook {gold_path} has no chart")
+  start, cand = workbook_charts(start_path), workbook_charts(cand_path)
+  musts, ok = [], True
+  for g, si, ci in zip(gold, match_charts(gold, start), match_charts(gold, cand)):
+    if si is None:
+      musts.append(None)
+      ok = False
+      continue
+    score, must = repair_score(g, start[si], None if ci is None else cand[ci])
+    musts.append(must)
+    ok = ok and score == 1.0
+  return float(ok), musts
 
 
 DEFAULT_ANCHOR = (6, 12)  # the columns and rows a chart is taken to span

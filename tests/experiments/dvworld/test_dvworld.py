@@ -1,7 +1,7 @@
 """experiments/dvworld: the reference programs score 1 and every broken kind less (through the sandbox), DV-Sheet's
 series references resolved on a hand-made workbook, the DV-Interact env with scripted agents, an LM agent's code
-path with a scripted stand-in, the full preset's scoring with a stand-in judge executable, and the smoke preset
-as a subprocess writing every results key."""
+path with a scripted stand-in, the full preset's scoring with a stand-in judge executable (DV-Evol, and DV-Sheet on
+hand-made DV-World case folders), and the smoke preset as a subprocess writing every results key."""
 import json
 import os
 import stat
@@ -221,11 +221,12 @@ def test_smoke_preset_as_a_subprocess(tmp_path):
 GOLD_TABLE = [["day", "tip"], ["Fri", 2.5], ["Sat", 3.0], ["Sun", 3.25]]
 
 
-def _creation_book(path, rows, anchor="E2", chart=True, literal_series=0):
+def _creation_book(path, rows, anchor="E2", chart=True, literal_series=0, kind="bar"):
   """A workbook like an agent's result.xlsx: sheet "data" first (no chart), then "result" with `rows` from A1 and a
-  bar chart over them at `anchor`, plus `literal_series` series given as literal numbers (no cell reference)."""
+  bar (or `kind`="line") chart over them at `anchor`, plus `literal_series` series given as literal numbers (no cell
+  reference)."""
   from openpyxl import Workbook
-  from openpyxl.chart import BarChart, Reference
+  from openpyxl.chart import BarChart, LineChart, Reference
   from openpyxl.chart.data_source import NumData, NumDataSource, NumVal
   from openpyxl.chart.series import Series
   wb = Workbook()
@@ -235,7 +236,7 @@ def _creation_book(path, rows, anchor="E2", chart=True, literal_series=0):
   for r in rows:
     ws.append(r)
   if chart:
-    bar = BarChart()
+    bar = {"bar": BarChart, "line": LineChart}[kind]()
     bar.add_data(Reference(ws, min_col=2, min_row=1, max_row=len(rows)), titles_from_data=True)
     bar.set_categories(Reference(ws, min_col=1, min_row=2, max_row=len(rows)))
     bar.title = "Tips"
@@ -309,3 +310,107 @@ def test_splits_hold_each_suites_tasks_once_and_nothing_to_train_on(tmp_path):
   splits.record(str(tmp_path), "dvworld", items)
   with pytest.raises(splits.SplitOverlap):
     splits.record(str(tmp_path), "dvworld", {"train": {"tasks": items["dv_evol"]["tasks"][:2]}, **items})
+
+
+WRONG_TABLE = [["Day", "Tip (USD)"], ["Fri", 2.5], ["Sat", 3.0], ["Sun", 9.0]]
+
+
+def _full_overrides(tmp_path, marker=None):
+  """A one-case DV-Evol gold and results folder and a stand-in judge (touching `marker` when called), as overrides."""
+  for d in (tmp_path / "gold" / "dv-evol-1", tmp_path / "cand" / "dv-evol-1"):
+    d.mkdir(parents=True)
+    (d / "result.png").write_bytes(b"png")
+    (d / "result.csv").write_text("a,b\n1,2\n")
+  judge = tmp_path / "judge.sh"
+  touch = f"touch {marker}\n" if marker else ""
+  judge.write_text(f"#!/bin/sh\ncat > /dev/null\n{touch}echo '{{\"Total_Score\": 16}}'\n")
+  judge.chmod(judge.stat().st_mode | stat.S_IXUSR)
+  return [f"gold_dir={tmp_path / 'gold'}", f"results_dir={tmp_path / 'cand'}", f"judge_path={judge}"]
+
+
+def _sheet_folders(tmp_path):
+  """DV-World's dv-sheet layout: gold/<case>/ with the gold workbook (and, for repair, the broken start), the
+  agent's results/<case>/ with its workbook. Creation: a matching chart, no chart, a wrong table; repair of a chart
+  whose type was broken (bar drawn as line): fixed, left broken."""
+  gold, cand = tmp_path / "sheet_gold", tmp_path / "sheet_results"
+  for case in ("dvsheet-create-1", "dvsheet-create-2", "dvsheet-create-3", "dvsheet-fix-1", "dvsheet-fix-2"):
+    (gold / case).mkdir(parents=True)
+    (cand / case).mkdir(parents=True)
+  for case in ("dvsheet-create-1", "dvsheet-create-2", "dvsheet-create-3"):
+    _creation_book(gold / case / "gold.xlsx", GOLD_TABLE)
+    (gold / case / "query.md").write_text("Chart the mean tip per day.")
+  _creation_book(cand / "dvsheet-create-1" / "result.xlsx", GOLD_TABLE)
+  (cand / "dvsheet-create-1" / ".~result.xlsx").write_bytes(b"lock")
+  _creation_book(cand / "dvsheet-create-2" / "result.xlsx", GOLD_TABLE, chart=False)
+  _creation_book(cand / "dvsheet-create-3" / "result.xlsx", WRONG_TABLE)
+  for case in ("dvsheet-fix-1", "dvsheet-fix-2"):
+    _creation_book(gold / case / "gold.xlsx", GOLD_TABLE)
+    _creation_book(gold / case / "start.xlsx", GOLD_TABLE, kind="line")
+  _creation_book(cand / "dvsheet-fix-1" / "fixed.xlsx", GOLD_TABLE)
+  _creation_book(cand / "dvsheet-fix-2" / "fixed.xlsx", GOLD_TABLE, kind="line")
+  return gold, cand
+
+
+def test_full_preset_scores_dv_worlds_sheet_cases(tmp_path):
+  gold, cand = _sheet_folders(tmp_path)
+  base = _full_overrides(tmp_path)
+  cfg = registry.apply_overrides(exp.PRESETS["full"], base + [f"sheet_gold_dir={gold}", f"sheet_results_dir={cand}"])
+  out = tmp_path / "run"
+  out.mkdir()
+  res = run_exp.run(cfg, str(out), False)
+  registry.get("dvworld").check_results(res)
+  # creation_score: 1 (same chart and table), 0 (chart gate), visual 0.88 x coverage 5/6 (the wrong table, as in
+  # test_creation_gates_rubric_and_coverage_on_hand_computed_cases); repair: the type must be fixed, 1 then 0
+  create = [1.0, 0.0, 0.88 * 5 / 6]
+  assert res["sheet_create.candidate"] == pytest.approx(sum(create) / 3)
+  assert res["sheet_fix.candidate"] == 0.5 and res["sheet_cases"] == 5
+  assert res["sheet.candidate"] == pytest.approx((sum(create) + 1.0) / 5)
+  assert res["dv_evol.candidate"] == 1.0 and "sheet_skipped" not in res
+  rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  fixes = [r for r in rows if r.get("mode") == "fix"]
+  assert [r["must_fix"] for r in fixes] == [[["type"]], [["type"]]]
+  assert [r["gate"] for r in rows if r.get("mode") == "create"] == [None, "chart", None]
+  assert rows[0]["candidate"].endswith(os.path.join("dvsheet-create-1", "result.xlsx"))
+  recorded = json.loads((out / "splits.json").read_text())
+  assert len(recorded["dv_sheet"]["cases"]) == 5 and len(recorded["dv_evol"]["cases"]) == 1
+  # results_dir holds the DV-Sheet case folders too when sheet_results_dir is left out; a missing one scores 0
+  for case in ("dvsheet-create-1", "dvsheet-fix-1"):
+    os.rename(cand / case, tmp_path / "cand" / case)
+  cfg = registry.apply_overrides(exp.PRESETS["full"], base + [f"sheet_gold_dir={gold}"])
+  res = run_exp.run(cfg, str(tmp_path / "run"), False)
+  assert res["sheet_create.candidate"] == 1 / 3 and res["sheet_fix.candidate"] == 0.5 and res["sheet.candidate"] == 0.4
+
+
+def test_full_preset_without_sheet_gold_skips_dv_sheet(tmp_path):
+  cfg = registry.apply_overrides(exp.PRESETS["full"], _full_overrides(tmp_path))
+  out = tmp_path / "run"
+  out.mkdir()
+  res = run_exp.run(cfg, str(out), False)
+  registry.get("dvworld").check_results(res)
+  assert res["sheet_skipped"].startswith("DV-Sheet not scored: no --set sheet_gold_dir=PATH")
+  assert not any(k.startswith("sheet.") or k.startswith("sheet_create") for k in res) and res["cases"] == 1
+  assert set(json.loads((out / "splits.json").read_text())) == {"dv_evol", "shared"}
+
+
+def test_bad_sheet_paths_fail_in_one_line_before_the_judge_runs(tmp_path):
+  marker = tmp_path / "judged"
+  base = _full_overrides(tmp_path, marker)
+  gold, cand = _sheet_folders(tmp_path)
+  (gold / "dvsheet-fix-2" / "start.xlsx").unlink()
+  cases = [([f"sheet_gold_dir={tmp_path / 'nope'}"], r"sheet_gold_dir: expected a directory of dvsheet-create-\* / "
+            r"dvsheet-fix-\* case folders, found none at '.*nope'"),
+           ([f"sheet_gold_dir={gold}", f"sheet_results_dir={tmp_path / 'nada'}"],
+            r"sheet_results_dir: expected a directory .* found none at '.*nada'"),
+           ([f"sheet_gold_dir={cand / 'dvsheet-fix-1'}"], r"expected dvsheet-create-\* or dvsheet-fix-\* case folders, "
+            r"found none \(entries: \['fixed.xlsx'\]\)"),
+           ([f"sheet_gold_dir={gold}"], r"broken \*start\*/\*broken\* .xlsx beside it .* found no gold .xlsx in "
+            r"\[\], no start in \['dvsheet-fix-2'\]")]
+  for extra, message in cases:
+    with pytest.raises(FileNotFoundError, match=message) as err:
+      run_exp.run(registry.apply_overrides(exp.PRESETS["full"], base + extra), str(tmp_path), False)
+    assert "\n" not in str(err.value)
+  assert not marker.exists()
+  with pytest.raises(ValueError, match="set gold_dir too"):
+    exp.Config(sheet_gold_dir=str(gold))
+  with pytest.raises(ValueError, match="sheet_results_dir .* needs sheet_gold_dir"):
+    exp.Config(gold_dir=str(tmp_path), judge="mllm", sheet_results_dir=str(cand))
