@@ -14,7 +14,8 @@ Task accuracy is the teacher-forced next-token accuracy on the caption's attribu
 position, background: the tokens that depend on the image), for the unmodified model ("none") and under each
 intervention, in every layer at once and in one layer at a time: "noise_delta" (Gaussian noise of the same
 per-token norm in place of the attention update), "noise_qkv" (Gaussian Q/K/V weights with each matrix's own
-standard deviation) and "fixed_attention" (uniform weights over the keys the causal mask allows).
+standard deviation) and "fixed_attention" (uniform weights over the keys the causal mask allows). RID and MixIG are
+also measured under each intervention in every layer (`rid.<module>.<intervention>`, `mixig.<module>.<intervention>`).
 
 The full preset takes a LLaVA checkpoint (`vlm_path`: llava-hf/llava-1.5-7b-hf, or any LLaVA directory with
 config.json, safetensors and tokenizer.json; bf16, params sharded over the `mesh`) and a JSON-lines file of
@@ -87,7 +88,8 @@ registry.register(registry.Experiment(
     description="RID / MixIG of attention vs FFN updates in the VLM's LM, accuracy under attention interventions",
     resume_may_change=("eval_batch", "source"), seed_key=("seed", "train.seed"),
     results=("vlm", "rid.<module>", "mixig.<module>", "delta_s.<module>", "delta_d.<module>", "rid.<module>.layer<l>",
-             "mixig.<module>.layer<l>", "accuracy.<intervention>", "accuracy.<intervention>.layer<l>?",
+             "mixig.<module>.layer<l>", "rid.<module>.<intervention>", "mixig.<module>.<intervention>",
+             "accuracy.<intervention>", "accuracy.<intervention>.layer<l>?",
              "scored_tokens"),
     paper="lost_in_attention", claims=(
         Claim("rid", "attention updates change the residual stream's geometry less than FFN updates (RID)",

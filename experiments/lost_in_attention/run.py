@@ -131,17 +131,24 @@ def predict_fn(cfg: vlm.Config):
   return jax.jit(lambda p, t, x: jnp.argmax(vlm.forward(p, t, x, cfg).logits, -1))
 
 
-def geometry_metrics(art: pipe.Artifacts, batch: dict, size: int, params=None) -> dict:
+def geometry_metrics(art: pipe.Artifacts, batch: dict, size: int, params=None, *, intervention=None,
+                     lm_params=None) -> dict:
   """{module: {metric: [L, N]}} over the first min_len positions of every sequence; `params` (default
-  `art.params`) may be laid out on a mesh."""
+  `art.params`) may be laid out on a mesh; under an intervention (`_intervene`), of the intervened model (op by op,
+  as `accuracy`)."""
   valid = batch["inputs"] != (art.tokenizer.pad_id or 0)
   valid[:, 0] = True
   min_len = int(valid.sum(1).min())
-  fn = geometry_fn(art.cfg)
+  p = art.params if params is None else params
+  p = p if lm_params is None else {**p, "lm": lm_params}
+  if intervention is None:
+    fn = geometry_fn(art.cfg)
+  else:
+    fn = lambda p, t, x: vlm.forward(p, t, x, art.cfg, intervention=intervention,
+                                     capture=("hidden_states", "attn_updates", "mlp_updates")).lm
   out = {m: {} for m in MODULES}
   for b in _chunks(batch, size):
-    lm = fn(art.params if params is None else params, jnp.asarray(b["inputs"][:, :min_len]),
-            jnp.asarray(b["pixels"]))
+    lm = fn(p, jnp.asarray(b["inputs"][:, :min_len]), jnp.asarray(b["pixels"]))
     got = geometry.metrics_from_output(lm)
     for m in MODULES:
       for k, v in got[m].items():
@@ -260,6 +267,10 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   for name in INTERVENTIONS:
     iv, lm = _intervene(name, art, key, list(range(n_layers)), cfg.noise_std, params["lm"])
     acc[name] = accuracy(art, batch, cfg.eval_batch, intervention=iv, lm_params=lm, params=params, predict=predict)
+    geo_iv = geometry_metrics(art, batch, cfg.eval_batch, params, intervention=iv, lm_params=lm)
+    for m in MODULES:
+      for metric in ("rid", "mixig"):
+        res[f"{metric}.{m}.{name}"] = float(geo_iv[m][metric].mean())
     if cfg.per_layer:
       acc_layers[name] = []
       for l in range(n_layers):

@@ -46,3 +46,28 @@ def test_evaluated_scenes_are_not_training_scenes(tmp_path):
   assert not set(got.captions) & set(train) and len(got.captions) == len(train)
   with pytest.raises(splits.SplitOverlap, match="scenes"):
     run_lia.record_splits(str(tmp_path), train, train[:2])
+
+
+def test_geometry_under_an_intervention_is_the_intervened_models(tmp_path):
+  import jax
+  import numpy as np
+  from experiments.lost_in_attention import geometry
+  from jaxlab.data import load_tokenizer
+  from jaxlab.data.tasks import scenes as scenes_lib
+  from jaxlab.models import vlm
+  cfg = lia.PRESETS["smoke"]
+  vcfg = pipe.scene_vlm_config(cfg.train)
+  tok = load_tokenizer(scenes_lib.save_tokenizer(str(tmp_path / "tok"), scenes_lib.vocabulary(cfg.train.scenes)))
+  art = pipe.Artifacts(vcfg, vlm.init(vcfg, jax.random.PRNGKey(0)), tok, {}, cfg.train.scenes)
+  batch = run_lia._scene_data(cfg, art)
+  plain = run_lia.geometry_metrics(art, batch, 4)
+  same = run_lia.geometry_metrics(art, batch, 4, intervention=geometry.noise_update(jax.random.PRNGKey(1), mix=0.0))
+  uniform = run_lia.geometry_metrics(art, batch, 4, intervention=geometry.fixed_attention("uniform"))
+  for m in lia.MODULES:
+    for k in ("rid", "mixig"):
+      np.testing.assert_allclose(same[m][k], plain[m][k], rtol=1e-4, atol=2e-5)  # op by op vs jitted
+  assert not np.allclose(uniform["attention"]["mixig"], plain["attention"]["mixig"])
+  _, lm = run_lia._intervene("noise_qkv", art, jax.random.PRNGKey(2), [0], 1.0)
+  noised = run_lia.geometry_metrics(art, batch, 4, lm_params=lm)
+  want = run_lia.geometry_metrics(art._replace(params={**art.params, "lm": lm}), batch, 4)
+  np.testing.assert_allclose(noised["attention"]["rid"], want["attention"]["rid"], rtol=1e-6)
