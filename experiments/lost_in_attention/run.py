@@ -187,8 +187,8 @@ def _intervene(name: str, art, key, layers, noise_std, lm_params=None):
 
 
 def workloads(cfg: Config, mesh) -> list:
-  """The geometry pass (`geometry_fn`) and the accuracy passes (`predict_fn`; the interventions' passes have its
-  shapes and cost), with abstract arguments at the preset's shapes (`experiments plan`). A checkpoint's rows are
+  """The geometry passes (`geometry_fn`, unmodified and under each intervention) and the accuracy passes
+  (`predict_fn`; the interventions' passes have its shapes and cost), with abstract arguments at the preset's shapes (`experiments plan`). A checkpoint's rows are
   planned at the prompt's estimated length (`vlm_pipeline.planned_prompt`): the geometry over the prompt, the
   accuracy over prompt + `max_caption_tokens` + eos; the scene VLM's at the longest caption of its scenes."""
   from experiments.runner import plan as plan_lib
@@ -207,7 +207,7 @@ def workloads(cfg: Config, mesh) -> list:
   chunks = -(-cfg.n_eval_scenes // b)
   passes = 1 + len(INTERVENTIONS) * (1 + (vcfg.text.n_layers if cfg.per_layer else 0))
   return [plan_lib.Workload("geometry_forward", "forward", geometry_fn(vcfg), (params, x["geometry"], x["pixels"]),
-                            chunks, pipe.forward_flops(vcfg, b, b, head)),
+                            chunks * (1 + len(INTERVENTIONS)), pipe.forward_flops(vcfg, b, b, head)),
           plan_lib.Workload("accuracy_forward", "forward", predict_fn(vcfg), (params, x["tokens"], x["pixels"]),
                             chunks * passes, pipe.forward_flops(vcfg, b, b, longest - 1))]
 
