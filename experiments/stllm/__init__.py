@@ -7,7 +7,8 @@ coloured point clouds, a clip rendered from the agent's moving camera in which i
 object, and REA's five task types with exact answers: relative direction, relative distance, find-my-item,
 furniture affordance and action planning (the last three free-form). Models (`experiments.stllm.model`): the LM
 is a word-level decoder first trained here on the questions and answers as text (no room, no clip), then each
-model starts from it and trains all its weights on the same rows for the same steps:
+model starts from it and trains on the same rows for the same steps (every weight; at full all but the LM, which
+stays frozen: `Config.trainable`):
   video_only     per-frame ViT patches + temporal position, through an MLP, spliced before the question
   points_only    set-abstraction tokens of the room (xyz, rgb and the normalized position per point), MLP
   stllm_3d       point tokens after an MLP concatenated with the video and text tokens
@@ -48,6 +49,8 @@ MODELS = model_lib.MODELS
 @dataclasses.dataclass(frozen=True)
 class Config:
   """stllm settings: the rooms, the model widths, the LM's text pretraining and the shared fine-tuning.
+  `trainable`: the top-level param groups that fine-tune (`model.ALL_GROUPS`: "lm", "video", "points", "aligner";
+  each model trains those it has, the others keep their initial weights); None trains every weight.
   `judge_path`: a local chat model (transformers directory or .gguf) that judges answers correct or wrong, as the
   paper's GPT-4o judge does (`judge.py`); None scores by exact string match."""
   room: rooms.RoomConfig = rooms.RoomConfig(points_per_furniture=32, points_per_object=8, image_size=16)
@@ -69,6 +72,7 @@ class Config:
   batch: int = 8
   lr: float = 2e-3
   warmup: int = 1
+  trainable: tuple[str, ...] | None = None
   eval_batch: int = 16
   log_every: int = 10
   rea_path: str | None = None
@@ -98,6 +102,8 @@ class Config:
     if self.d_model % 4 or self.vit_width % 4:
       raise ValueError(f"stllm.Config: d_model and vit_width must be multiples of 4 (heads), found {self.d_model}, "
                        f"{self.vit_width}")
+    for kind in MODELS:
+      model_lib.trained_groups(kind, self.trainable)
     n1, n2 = self.point_centres
     if not n2 <= n1 <= self.room.n_points or min(self.point_widths) < 1:
       raise ValueError(f"stllm.Config: point_centres must satisfy centres[1] <= centres[0] <= {self.room.n_points} "
@@ -113,7 +119,9 @@ PRESETS = {
                   n_latents=16, aligner_layers=2, n_train_rooms=1500, n_test_rooms=100, lm_rooms=4000,
                   lm_steps=800, steps=450, batch=24, lr=2e-3, warmup=30, eval_batch=100, log_every=50),
     # the LM: Qwen2-7B-Instruct, the architecture of LLaVA-Video-7B-Qwen2's LM (whose checkpoint is not in a layout
-    # jaxlab loads); fp32 master params, bf16 compute, remat, the train state sharded over every chip
+    # jaxlab loads); fp32 master params, bf16 compute, remat, the train state sharded over every chip. The LM stays
+    # frozen as in the reference's mm_tunable_parts; the video tower and point encoders train too (fresh here) at
+    # the reference's lr 1e-4
     "full": Config(rea_path=registry.Required(
                        "--set rea_path=FILE: REA's training questions (qa_train.json, from the data release linked "
                        "at github.com/zoezheng126/Spatio-Temporal-LLM)"),
@@ -128,7 +136,8 @@ PRESETS = {
                    room=rooms.RoomConfig(points_per_furniture=256, points_per_object=64, image_size=336,
                                          n_frames=16),
                    vit_width=1152, patch=14, video_pool=2, point_widths=(256, 768), point_centres=(512, 128), ray_freqs=127,
-                   n_latents=32, aligner_layers=6, steps=3000, batch=8, lr=2e-5, warmup=100, eval_batch=8),
+                   n_latents=32, aligner_layers=6, steps=3000, batch=8, lr=1e-4, warmup=100, eval_batch=8,
+                   trainable=("video", "points", "aligner")),
 }
 
 

@@ -29,6 +29,26 @@ from jaxlab.nn import layers
 MODELS = ("video_only", "points_only", "stllm_3d", "stllm_aligner")
 # Logical axes of every model's params: the LM and connectors, the video tower, the point encoder, the Q-Former.
 AXES = mm.AXES + video_lib.AXES + pointcloud.AXES + qformer.AXES
+# Each model's top-level param groups (`init`): the LM, the video tower and its connector, the point encoder and
+# its connector, the aligner (its point encoder with the ray encoding, and the Q-Former).
+GROUPS = {"video_only": ("lm", "video"), "points_only": ("lm", "points"), "stllm_3d": ("lm", "video", "points"),
+          "stllm_aligner": ("lm", "video", "aligner")}
+ALL_GROUPS = ("lm", "video", "points", "aligner")
+
+
+def trained_groups(kind: str, trainable: tuple[str, ...] | None) -> tuple[str, ...]:
+  """The groups of `kind`'s params that train when only the groups named in `trainable` do (None: all); a
+  one-line ValueError when `trainable` names a group no model has or leaves `kind` nothing to train."""
+  if trainable is None:
+    return GROUPS[kind]
+  unknown = [g for g in trainable if g not in ALL_GROUPS]
+  if unknown or not trainable:
+    raise ValueError(f"stllm: trainable must name param groups among {ALL_GROUPS}, found {tuple(trainable)}")
+  out = tuple(g for g in GROUPS[kind] if g in trainable)
+  if not out:
+    raise ValueError(f"stllm: trainable={tuple(trainable)} leaves {kind} nothing to train (its groups: "
+                     f"{GROUPS[kind]})")
+  return out
 
 
 @dataclasses.dataclass(frozen=True)

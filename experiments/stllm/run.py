@@ -10,6 +10,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from experiments._shared import recipes, vlm_pipeline as pipe
 from experiments.runner import splits
@@ -54,10 +55,34 @@ PLAN_ANSWER_TOKENS = 32  # planning: the longest answer's tokens + eos, the new 
 PLAN_TEST_QUESTIONS = 1000  # planning: questions of the evaluation file
 
 
-def _optimizer(lr, steps, warmup):
-  """(schedule, AdamW with clipping): warmup then cosine to 0.1x."""
+def _optimizer(lr, steps, warmup, frozen: tuple[str, ...] = ()):
+  """(schedule, AdamW with clipping): warmup then cosine to 0.1x; the top-level param groups named in `frozen` get
+  no update (no weight decay either) and no optimizer state, and count in no gradient norm."""
   sched = schedules.get("cosine", lr, steps, warmup, 0.1)
-  return sched, recipes.optimizer(sched, "adamw", grad_clip=1.0, b2=0.98, weight_decay=1e-4)
+  tx = recipes.optimizer(sched, "adamw", grad_clip=1.0, b2=0.98, weight_decay=1e-4)
+  if not frozen:
+    return sched, tx
+  labels = lambda params: {k: "frozen" if k in frozen else "train" for k in params}
+  return sched, optax.multi_transform({"train": tx, "frozen": optax.set_to_zero()}, labels)
+
+
+def frozen_groups(params, trained: tuple[str, ...]) -> tuple[str, ...]:
+  """The top-level groups of `params` outside `trained`; a one-line ValueError when `trained` names a group that
+  `params` lack."""
+  missing = [g for g in trained if g not in params]
+  if missing:
+    raise ValueError(f"stllm: trained groups {tuple(missing)} are not among the model's param groups {tuple(params)}")
+  return tuple(g for g in params if g not in trained)
+
+
+def frozen_loss(loss, frozen: tuple[str, ...]):
+  """`loss` with the gradients of the top-level param groups in `frozen` stopped."""
+  if not frozen:
+    return loss
+
+  def fn(params, batch, rng):
+    return loss({k: jax.lax.stop_gradient(v) if k in frozen else v for k, v in params.items()}, batch, rng)
+  return fn
 
 
 def train_step(loss, tx, sched, mesh=None, strategy: str = "dp", state=None, compute=None):
@@ -69,8 +94,10 @@ def train_step(loss, tx, sched, mesh=None, strategy: str = "dp", state=None, com
 
 
 def _fit(name, loss, params, sampler, steps, lr, warmup, log_every, out_dir, seed, mesh=None, strategy="dp",
-         compute=None):
-  sched, tx = _optimizer(lr, steps, warmup)
+         compute=None, frozen: tuple[str, ...] = ()):
+  """`params` after `steps` steps of `loss`, the top-level groups named in `frozen` left as they are."""
+  sched, tx = _optimizer(lr, steps, warmup, frozen)
+  loss = frozen_loss(loss, frozen)
   if mesh is None:
     state = state_lib.create(params, tx, seed)
   else:  # a copy: the step donates its state, and the LM's params start every model
@@ -91,24 +118,28 @@ def _fit(name, loss, params, sampler, steps, lr, warmup, log_every, out_dir, see
   return state.params
 
 
-def _flops(mcfg: model_lib.ModelConfig, rows: int, length: int, train: bool) -> float:
+def _flops(mcfg: model_lib.ModelConfig, rows: int, length: int, train: bool, frozen: tuple[str, ...] = ()) -> float:
   """6·N·tokens (train) or 2·N·tokens of one model over `rows` rows of `length` tokens: the LM over the rows and the
   prefix (`transformer.flops_per_token`), each encoder's and connector's params over the inputs they see (ViT: every
-  frame's tokens; point encoders: every point; Q-Former: its latents, the video tokens and the row as queries)."""
+  frame's tokens; point encoders: every point; Q-Former: its latents, the video tokens and the row as queries). In
+  training a frozen LM counts 4·N (its input gradients still flow), a frozen encoder group 2·N."""
   shapes = jax.eval_shape(functools.partial(model_lib.init, mcfg), jax.random.PRNGKey(0))
   count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+  per_n = lambda group: 2 if group in frozen else 6
   t = length + mcfg.n_prefix
-  per_row = tfm.flops_per_token(mcfg.text, t) * t
+  per_row = tfm.flops_per_token(mcfg.text, t) * t * (4 / 6 if "lm" in frozen else 1)
   n = mcfg.points.n_points
   if mcfg.uses_video:
     v = shapes["video"]
-    per_row += 6 * (count(v["encoder"]) * mcfg.video.n_frames * mcfg.video.features.vision.seq_len +
-                    count(v["connector"]) * mcfg.video_tokens)
+    per_row += per_n("video") * (count(v["encoder"]) * mcfg.video.n_frames * mcfg.video.features.vision.seq_len +
+                                 count(v["connector"]) * mcfg.video_tokens)
   if mcfg.point_tokens:
-    per_row += 6 * (count(shapes["points"]["encoder"]) * n + count(shapes["points"]["connector"]) * mcfg.point_tokens)
+    p = shapes["points"]
+    per_row += per_n("points") * (count(p["encoder"]) * n + count(p["connector"]) * mcfg.point_tokens)
   if mcfg.n_prefix:
     a = shapes["aligner"]
-    per_row += 6 * (count(a["points"]) * n + count(a["qformer"]) * (mcfg.n_prefix + mcfg.video_tokens + length))
+    per_row += per_n("aligner") * (count(a["points"]) * n +
+                                   count(a["qformer"]) * (mcfg.n_prefix + mcfg.video_tokens + length))
   return per_row * rows / (1 if train else 3)
 
 
@@ -140,18 +171,20 @@ def workloads(cfg: Config, mesh) -> list:
                      "by the run")
   text = full.lm_config(hub.config(cfg.lm_path))
   vid, pid = text.vocab_size - 1, text.vocab_size - 2
-  sched, tx = _optimizer(cfg.lr, cfg.steps, cfg.warmup)
   rc, b, e = cfg.room, cfg.batch, cfg.eval_batch
   out = []
   for kind in MODELS:
     mcfg = model_config(cfg, kind, text, vid, pid)
+    init = functools.partial(model_lib.init, mcfg)
+    frozen = frozen_groups(jax.eval_shape(init, jax.random.PRNGKey(0)), model_lib.trained_groups(kind, cfg.trainable))
+    sched, tx = _optimizer(cfg.lr, cfg.steps, cfg.warmup, frozen)
     length = -(-(1 + mcfg.video_tokens + mcfg.point_tokens + PLAN_QUESTION_TOKENS + PLAN_ANSWER_TOKENS) // 8) * 8
-    state = state_lib.abstract_state(functools.partial(model_lib.init, mcfg), tx, mesh, cfg.strategy,
-                                     axes=model_lib.AXES)
-    step = train_step(model_lib.loss_fn(mcfg), tx, sched, mesh, cfg.strategy, state, recipes.compute_dtype(text))
+    state = state_lib.abstract_state(init, tx, mesh, cfg.strategy, axes=model_lib.AXES)
+    step = train_step(frozen_loss(model_lib.loss_fn(mcfg), frozen), tx, sched, mesh, cfg.strategy, state,
+                      recipes.compute_dtype(text))
     out.append(plan_lib.Workload(f"train_step.{kind}", "train", step,
                                  (state, shd.abstract_rows(_row_shapes(rc, mcfg, b, length), mesh)), cfg.steps,
-                                 _flops(mcfg, b, length, True)))
+                                 _flops(mcfg, b, length, True, frozen)))
     gen = shd.abstract_rows({**_row_shapes(rc, mcfg, e, length, ("tokens", "question_mask")),
                              "lengths": ((e,), "int32")}, mesh)
     lengths = gen.pop("lengths")
@@ -268,8 +301,9 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     rows = data_lib.Rows(tok, mcfg, train, max_new)
     # one key for every model: the parts they share (video encoder, point encoder) start equal
     params = model_lib.init(mcfg, jax.random.PRNGKey(cfg.seed + 100), lm_params)
+    frozen = frozen_groups(params, model_lib.trained_groups(kind, cfg.trainable))
     params = _fit(kind, model_lib.loss_fn(mcfg), params, rows.sampler(cfg.batch, cfg.seed + 11), cfg.steps, cfg.lr,
-                  cfg.warmup, cfg.log_every, out_dir, cfg.seed, mesh, cfg.strategy, recipes.compute_dtype(text))
+                  cfg.warmup, cfg.log_every, out_dir, cfg.seed, mesh, cfg.strategy, recipes.compute_dtype(text), frozen)
     samples[kind] = data_lib.Rows(tok, mcfg, test, max_new).generate(
         params, model_lib.greedy(mcfg, data_lib.banned(tok, mcfg)), min(cfg.eval_batch, len(test.questions)))
   judge = None if cfg.judge_path is None else judge_lib.LMJudge(cfg.judge_path, cfg.judge_new_tokens,

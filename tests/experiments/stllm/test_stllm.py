@@ -130,6 +130,50 @@ def test_every_model_parameter_has_axis_names(tok):
     cfg = ST.model_config(SMOKE, kind, text_cfg(tok), 3, 5)
     shapes = jax.eval_shape(lambda cfg=cfg: M.init(cfg, jax.random.PRNGKey(0)))
     sharding.param_specs(shapes, "fsdp_tp", axes=M.AXES)  # raises on a parameter without logical names
+    assert set(shapes) == set(M.GROUPS[kind])  # the groups `trainable` names are the ones init builds
+
+
+def test_frozen_groups_stay_bit_identical_and_trained_ones_move(data, tok, tmp_path):
+  import dataclasses
+  cfg = dataclasses.replace(SMOKE, trainable=("video", "points", "aligner"))
+  mcfg = ST.model_config(cfg, "stllm_aligner", text_cfg(tok), tok.encode("<image>")[0], tok.encode(rea.POINTS)[0])
+  start = M.init(mcfg, jax.random.PRNGKey(1))
+  frozen = ST.frozen_groups(start, M.trained_groups("stllm_aligner", cfg.trainable))
+  assert frozen == ("lm",)
+  rows = D.Rows(tok, mcfg, ST.point_features(data, 4.0), 8)
+  host = jax.tree.map(np.array, start)
+  end = ST._fit("t", M.loss_fn(mcfg), start, rows.sampler(4, 0), 3, 1e-2, 1, 1, str(tmp_path), 0, frozen=frozen)
+  same = lambda a, b: all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  assert same(end["lm"], host["lm"])
+  for g in ("video", "aligner"):
+    moved = [not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(end[g]), jax.tree.leaves(host[g]))]
+    assert np.mean(moved) > 0.9, g
+  # the frozen LM keeps no optimizer state: Adam's two moments cover the trained groups only
+  count = lambda tree: sum(int(np.size(x)) for x in jax.tree.leaves(tree))
+  opt = ST._optimizer(1e-2, 3, 1, frozen)[1].init(start)
+  trained = count({g: start[g] for g in ("video", "aligner")})
+  assert 2 * trained <= count(opt) <= 2 * trained + 8
+
+
+def test_trainable_names_are_checked_against_the_model_groups():
+  with pytest.raises(ValueError, match=r"trained groups \('points',\) are not among the model's param groups "
+                                       r"\('lm', 'video'\)") as e:
+    ST.frozen_groups({"lm": 0, "video": 0}, ("points",))
+  assert "\n" not in str(e.value)
+  assert M.trained_groups("points_only", None) == ("lm", "points")
+  assert M.trained_groups("points_only", ("lm", "video")) == ("lm",)
+
+
+def test_full_preset_freezes_the_lm_as_the_reference():
+  full_cfg = EXP.presets["full"]
+  assert full_cfg.lr == 1e-4 and EXP.presets["cpu"].trainable is None
+  assert {k: M.trained_groups(k, full_cfg.trainable) for k in M.MODELS} == {
+      "video_only": ("video",), "points_only": ("points",), "stllm_3d": ("video", "points"),
+      "stllm_aligner": ("video", "aligner")}
+  from experiments.runner import overrides
+  assert overrides.apply_overrides(SMOKE, ["trainable=video,aligner,points"]).trainable == ("video", "aligner", "points")
+  with pytest.raises(overrides.OverrideError, match="trainable must name param groups among"):
+    overrides.apply_overrides(SMOKE, ["trainable=llm"])
 
 
 def test_scores_by_hand():
@@ -168,7 +212,11 @@ def test_answer_prior_is_each_tasks_most_common_training_answer():
 @pytest.mark.parametrize("kw,match", [({"steps": 0}, "steps must be >= 1, found 0"), ({"lr": 0.0}, "expected lr > 0"),
                                       ({"patch": 5}, r"patch \(5\) must divide room.image_size \(16\)"),
                                       ({"video_pool": 3}, r"video_pool \(3\) the patch grid"),
-                                      ({"point_centres": (8, 32)}, "point_centres must satisfy")])
+                                      ({"point_centres": (8, 32)}, "point_centres must satisfy"),
+                                      ({"trainable": ("llm",)}, r"trainable must name param groups among \('lm', "
+                                       r"'video', 'points', 'aligner'\), found \('llm',\)"),
+                                      ({"trainable": ("aligner",)}, "leaves video_only nothing to train"),
+                                      ({"trainable": ()}, "trainable must name param groups")])
 def test_bad_config_is_a_one_line_error(kw, match):
   with pytest.raises(ValueError, match=match) as e:
     EXP.config_cls(**kw)
