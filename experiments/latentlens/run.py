@@ -142,22 +142,50 @@ def lens_ids(lm_params, text_cfg: tfm.Config, hs_LNPD, index: lenses.LatentIndex
   return ids, nb
 
 
-def judge_layers(ids: dict, vocab: Sequence[str], images, grid: int, judge: judge_lib.Judge[JudgeItem],
-                 patches=None, layers: Sequence[int] | None = None) -> dict:
+def full_word(sentence: str, token: str) -> str:
+  """The judge's word for a LatentLens neighbour, by the reference's rule (`evaluate_interpretability.py`): the first
+  case-insensitive occurrence of the stripped token in its context sentence, widened to the whole word (letters,
+  digits, `_`) when the token is part of a longer one; the token itself when it does not occur."""
+  token = token.strip()
+  at = sentence.lower().find(token.lower()) if sentence and token else -1
+  if at < 0:
+    return token
+  start, end = at, at + len(token)
+  inside = lambda i: 0 <= i < len(sentence) and (sentence[i].isalnum() or sentence[i] == "_")
+  if not any(c.isspace() for c in token) and (inside(start - 1) or inside(end)):
+    while inside(start - 1):
+      start -= 1
+    while inside(end):
+      end += 1
+  return sentence[start:end]
+
+
+def lens_words(ids: dict, vocab: Sequence[str], nb: lenses.Neighbors, texts: Sequence[str]) -> dict:
+  """{lens: [n_l, N, P, k] descriptions the judge reads}: each id's string, LatentLens's expanded to the full word of
+  its context text (`full_word`), as the reference expands LatentLens's sub-word neighbours only."""
+  words = np.asarray(vocab, dtype=object)
+  out = {lens: words[a] for lens, a in ids.items()}
+  ctx = np.asarray(nb.context)
+  lat = out["latentlens"]
+  out["latentlens"] = np.asarray([full_word(texts[int(c)], w) for c, w in zip(ctx.reshape(-1), lat.reshape(-1))],
+                                 dtype=object).reshape(lat.shape)
+  return out
+
+
+def judge_layers(words: dict, images, grid: int, judge: judge_lib.Judge[JudgeItem], patches=None,
+                 layers: Sequence[int] | None = None) -> dict:
   """{lens: [n_l] share of judged visual tokens interpretable}, plus the per-token verdicts {lens: [n_l, N, P]},
-  for `ids` {lens: [n_l, N, P, k]}.
+  for `words` {lens: [n_l, N, P, k] descriptions} (`lens_words`).
 
   Args:
     patches: [N, m] patch indices to judge per image (None: all).
     layers: the LM layer of each of the n_l rows, as the judge sees it (None: 0 .. n_l-1).
   """
-  words = np.asarray(vocab, dtype=object)
   shares, verdicts = {}, {}
-  for lens, a in ids.items():
+  for lens, a in words.items():
     n_l, n, p, _ = a.shape
     sel = np.broadcast_to(np.arange(p), (n, p)) if patches is None else np.asarray(patches)
-    items = [JudgeItem(i, images[i], int(q), grid, lens, l if layers is None else int(layers[l]),
-                       tuple(words[a[l, i, q]]))
+    items = [JudgeItem(i, images[i], int(q), grid, lens, l if layers is None else int(layers[l]), tuple(a[l, i, q]))
              for l in range(n_l) for i in range(n) for q in sel[i]]
     ok = np.asarray(list(judge(items)), bool)
     if ok.shape != (len(items),):
@@ -335,7 +363,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     m = min(cfg.full_patches_per_image, vc.n_patches)
     patches = np.stack([rng.choice(vc.n_patches, size=m, replace=False) for _ in images])
   ids, nb = lens_ids(params["lm"], tcfg, hs, index, cfg.top_k, judged)
-  out = judge_layers(ids, vocab, images, vc.grid, judge, patches, judged)
+  words = lens_words(ids, vocab, nb, texts)
+  out = judge_layers(words, images, vc.grid, judge, patches, judged)
   shares = out["shares"]
   for lens in LENSES:
     for l, v in zip(judged, shares[lens]):
@@ -343,11 +372,11 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     res[f"interpretable.{lens}.mean"] = float(np.mean(shares[lens]))
   chance_share = None
   if scenes is not None:
-    words = [w for w in scenes_lib.vocabulary(art.scenes or cfg.train.scenes) if w not in scenes_lib.SPECIALS]
-    chance_share = chance(scenes, len(words), cfg.top_k)
+    scene_words = [w for w in scenes_lib.vocabulary(art.scenes or cfg.train.scenes) if w not in scenes_lib.SPECIALS]
+    chance_share = chance(scenes, len(scene_words), cfg.top_k)
     res["interpretable.random.mean"] = chance_share
     obj = scenes.patch_object >= 0
-    strict = judge_layers(ids, vocab, images, vc.grid, GroundTruthJudge(scenes, generic=False), patches, judged)
+    strict = judge_layers(words, images, vc.grid, GroundTruthJudge(scenes, generic=False), patches, judged)
     for lens in LENSES:
       v = out["verdicts"][lens]
       res[f"interpretable_object.{lens}.mean"] = float(v[:, obj].mean())
@@ -357,7 +386,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
         res[f"interpretable_object.{lens}.layer{l}"] = float(v[j][obj].mean())
         res[f"interpretable_specific.{lens}.layer{l}"] = float(strict["shares"][lens][j])
     res["object_patch_share"] = float(obj.mean())
-    top1 = judge_layers({k: v[..., :1] for k, v in ids.items()}, vocab, images, vc.grid, judge, patches,
+    top1 = judge_layers({k: v[..., :1] for k, v in words.items()}, images, vc.grid, judge, patches,
                         judged)["shares"]
     for lens in LENSES:
       res[f"interpretable_top1.{lens}.mean"] = float(np.mean(top1[lens]))

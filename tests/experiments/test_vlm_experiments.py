@@ -5,6 +5,7 @@ their errors, and interventions restricted to no layer = the plain model."""
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -89,7 +90,8 @@ def test_ground_truth_judge_and_shares_match_brute_force():
   vocab = S.vocabulary()
   rng = np.random.default_rng(0)
   ids = {"a": rng.integers(0, len(vocab), size=(2, 3, 16, 5)), "b": rng.integers(0, 40, size=(2, 3, 16, 5))}
-  out = run_ll.judge_layers(ids, vocab, sc.images, 4, run_ll.GroundTruthJudge(sc))
+  words = {k: np.asarray(vocab, dtype=object)[v] for k, v in ids.items()}
+  out = run_ll.judge_layers(words, sc.images, 4, run_ll.GroundTruthJudge(sc))
   for lens, a in ids.items():
     want = np.zeros((2, 3, 16), bool)
     for l, i, p in itertools.product(range(2), range(3), range(16)):
@@ -100,7 +102,7 @@ def test_ground_truth_judge_and_shares_match_brute_force():
     np.testing.assert_array_equal(out["verdicts"][lens], want)
     np.testing.assert_allclose(out["shares"][lens], want.mean(axis=(1, 2)))
   assert out["verdicts"]["b"].any()
-  strict = run_ll.judge_layers(ids, vocab, sc.images, 4, run_ll.GroundTruthJudge(sc, generic=False))["verdicts"]
+  strict = run_ll.judge_layers(words, sc.images, 4, run_ll.GroundTruthJudge(sc, generic=False))["verdicts"]
   for lens, a in ids.items():
     for l, i, p in itertools.product(range(2), range(3), range(16)):
       names = {vocab[t] for t in a[l, i, p]}
@@ -108,8 +110,43 @@ def test_ground_truth_judge_and_shares_match_brute_force():
       want = (list(S.BACKGROUNDS)[sc.background[i]] in names) if bg else out["verdicts"][lens][l, i, p]
       assert strict[lens][l, i, p] == want
   sel = np.array([[0, 5], [1, 2], [15, 3]])
-  part = run_ll.judge_layers(ids, vocab, sc.images, 4, run_ll.GroundTruthJudge(sc), patches=sel)
+  part = run_ll.judge_layers(words, sc.images, 4, run_ll.GroundTruthJudge(sc), patches=sel)
   np.testing.assert_array_equal(part["verdicts"]["a"], out["verdicts"]["a"][:, np.arange(3)[:, None], sel])
+
+
+def _reference_full_word(sentence, token):
+  """LatentLens's evaluate_interpretability.py rule, transcribed as a loop over the sentence's word spans."""
+  token = token.strip()
+  if not sentence or not token:
+    return token
+  at = sentence.lower().find(token.lower())
+  if at < 0:
+    return token
+  spans = [(m.start(), m.end()) for m in re.finditer(r"\w+", sentence)]
+  if " " not in token:
+    for a, b in spans:
+      if a <= at and at + len(token) <= b and (a, b) != (at, at + len(token)):
+        return sentence[a:b]
+  return sentence[at:at + len(token)]
+
+
+@pytest.mark.parametrize("sentence,token,want", [
+    ("A man rendering a scene", "ing", "rendering"), ("A RED cube", "red", "RED"), ("the cone on the table", "on",
+    "cone"), ("a red cube", "blue", "blue"), ("two dogs, running", " dogs", "dogs"), ("a snow_man here", "man",
+    "snow_man"), ("New York city", "york c", "York c"), ("", "x", "x")])
+def test_full_word_follows_the_reference_rule(sentence, token, want):
+  assert run_ll.full_word(sentence, token) == want == _reference_full_word(sentence, token)
+
+
+def test_lens_words_expand_latentlens_neighbours_in_their_context():
+  from jaxlab.interp import lenses
+  vocab = ["<pad>", "red", "ing", "cube"]
+  ids = {"latentlens": np.array([[[[2, 1]]]]), "logitlens": np.array([[[[2, 3]]]])}
+  nb = lenses.Neighbors(*(np.zeros((1, 1, 1, 2), np.int32) for _ in lenses.Neighbors._fields))
+  nb = nb._replace(context=np.array([[[[1, 0]]]]))
+  words = run_ll.lens_words(ids, vocab, nb, ["a red cube", "a man rendering"])
+  assert words["latentlens"][0, 0, 0].tolist() == ["rendering", "red"]
+  assert words["logitlens"][0, 0, 0].tolist() == ["ing", "cube"]
 
 
 def test_chance_matches_enumeration():
@@ -291,8 +328,9 @@ def test_evaluation_stages_ignore_last_bit_perturbations(ll_run):
   vocab = pipe.token_strings(art.tokenizer, art.cfg.text.vocab_size)
   index = lenses.LatentIndex.load(os.path.join(out, "artifacts", "index"))
   hs = run_ll.visual_states(art.params, art.cfg, prompt, pixels, cfg.eval_batch)[:, :, -art.cfg.vision.n_patches:]
-  verdicts = [run_ll.judge_layers(run_ll.lens_ids(art.params["lm"], art.cfg.text, h, index, cfg.top_k)[0], vocab,
-                              scenes.images, art.cfg.vision.grid, judge)["verdicts"] for h in (hs, _ulp(hs))]
+  words = lambda ids: {k: np.asarray(vocab, dtype=object)[v] for k, v in ids.items()}
+  verdicts = [run_ll.judge_layers(words(run_ll.lens_ids(art.params["lm"], art.cfg.text, h, index, cfg.top_k)[0]),
+                                  scenes.images, art.cfg.vision.grid, judge)["verdicts"] for h in (hs, _ulp(hs))]
   for lens in ll.LENSES:
     assert np.mean(verdicts[0][lens] != verdicts[1][lens]) <= 0.01, lens
 
