@@ -28,6 +28,13 @@ rate), `accent_<voice>` (another espeak-ng English voice: en-gb, en-gb-scotland,
 another word that sounds the same, e.g. "two" -> "too"). WER is always against the request text the benchmark
 ships (lowercased, punctuation removed), so inserted disfluencies count as insertions.
 
+Call-format SFT (`call_sft.py`; `sft_steps > 0`, cpu only): before any suite, a LoRA adapter is trained on
+function-calling examples over functions generated in domains BFCL does not cover (names never a BFCL name of the
+run's categories; 4 domains held out to score it), with the evaluation's own prompt and the loss on the assistant
+target only, and merged: every suite (and true_audio's connector) uses the tuned LLM. Results sft.examples,
+sft.heldout_examples, sft.heldout_accuracy (and .<kind>), sft.loss_first / loss_last, sft.seconds; the held-out
+answers in sft_heldout.jsonl; splits.json's train holds its requests and functions, sft_heldout the held-out ones.
+
 Every failed item gets one failure kind: format_error (no call list decodes), wrong_function, wrong_call_count,
 missing_argument, extra_argument, asr_value_error (an expected value that the request text contains but the
 transcript does not), wrong_value, called_when_irrelevant.
@@ -45,10 +52,10 @@ multi_turn_failures.<suite>.<error> counts (`multi_turn.ERRORS`: force_terminate
 instance_state_mismatch, execution_response_mismatch) and wer.multi_turn (text_audio's spoken turns); one record per
 entry and suite in multi_turn.jsonl (every step's output, decoded calls and results; text_audio's clips).
 
-cpu preset, timed before its three accent perturbations were added (8 entries per category, 2 per AST category
-under each of 12 perturbations, 132 BFCL generations of 64 tokens, a connector aligned for 40 steps of 4 on 128
-clips): 1432 s of user CPU time, 51 min wall on two
-cores shared at load 5-9. SmolLM2-135M-Instruct answers BFCL's prompt in prose, so every AST entry is a
+cpu preset, timed before its three accent perturbations and the call-format SFT were added (8 entries per
+category, 2 per AST category under each of 12 perturbations, 132 BFCL generations of 64 tokens, a connector aligned
+for 40 steps of 4 on 128 clips): 1432 s of user CPU time, 51 min wall on two cores shared at load 5-9. Untuned,
+SmolLM2-135M-Instruct answers BFCL's prompt in prose, so every AST entry is a
 format_error in every suite and irrelevance is 1.0 by never calling; what this scale measures is the speech
 side (WER 0.24 clean, 0.27 / 0.44 / 0.78 / 2.40 at 20 / 10 / 5 / 0 dB) and the connector (alignment loss 4.2
 -> 3.0; the LLM's repetition of the heard request has WER 0.97: it speaks BFCL-like requests, not the one heard).
@@ -133,6 +140,18 @@ class Config:
   n_multi_turn: int = 1
   multi_turn_max_steps: int = 4
   multi_turn_cache: Literal["prefix", "none"] = "prefix"
+  # the call-format SFT (call_sft.py; 0 steps: off): LoRA of rank `sft_rank` on the chat LM for `sft_steps` Adam
+  # steps of `sft_batch` rows at peak rate `sft_lr`, over `sft_examples` generated examples of at most
+  # `sft_max_tokens` tokens, scored on `sft_heldout` examples over held-out generated functions; merged before
+  # every suite
+  sft_steps: int = 0
+  sft_examples: int = 256
+  sft_heldout: int = 40
+  sft_rank: int = 8
+  sft_lr: float = 2e-3
+  sft_batch: int = 4
+  sft_max_tokens: int = 768
+  sft_seed: int = 0
 
   def __post_init__(self):
     choices.check(self)
@@ -141,10 +160,11 @@ class Config:
     for p in self.perturbations:
       parse_perturbation(p)
     for name in ("n_per_category", "max_new_tokens", "batch_size", "audio_tokens", "audio_pool", "align_clips",
-                 "align_batch", "align_max_tokens", "n_multi_turn", "multi_turn_max_steps"):
+                 "align_batch", "align_max_tokens", "n_multi_turn", "multi_turn_max_steps", "sft_examples", "sft_heldout",
+                 "sft_rank", "sft_batch", "sft_max_tokens"):
       if getattr(self, name) < 1:
         raise ValueError(f"{name} must be >= 1, found {getattr(self, name)}")
-    for name in ("n_perturb", "align_steps"):
+    for name in ("n_perturb", "align_steps", "sft_steps"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, found {getattr(self, name)}")
     if self.audio_tokens * self.audio_pool > 1500:
@@ -152,13 +172,20 @@ class Config:
                        f"{self.audio_tokens} * {self.audio_pool}")
     if not self.align_lr > 0:
       raise ValueError(f"align_lr must be positive, found {self.align_lr}")
+    if not self.sft_lr > 0:
+      raise ValueError(f"sft_lr must be positive, found {self.sft_lr}")
+    if self.sft_steps and self.mesh is not None:
+      raise ValueError(f"the call-format SFT runs on one device: set sft_steps=0 or mesh=None, found mesh={self.mesh!r}")
 
 
 PRESETS = {
     "smoke": Config(categories=("simple", "irrelevance"), n_per_category=1, n_perturb=1,
                     perturbations=("white_20db",), max_new_tokens=6, batch_size=2, audio_tokens=8, audio_pool=4,
                     align_clips=2, align_steps=0, align_max_tokens=5),
-    "cpu": Config(),
+    # cpu: the SFT's 10 steps of 2 rows of <= 768 SmolLM2 tokens measured 343 s (32-36 s a step) on the two shared
+    # cores at load 5-8, 8.5 min wall with the model load and the 24 held-out generations (`python -m
+    # experiments.bfcl_audio.call_sft --preset cpu`: held-out accuracy 0.29, loss 0.92 -> 0.18)
+    "cpu": Config(sft_steps=10, sft_batch=2, sft_examples=20, sft_heldout=24, sft_lr=3e-3),
     "full": Config(model=registry.Hub("Qwen/Qwen2.5-7B-Instruct"), asr_model=registry.Hub("openai/whisper-large-v3"),
                    dtype="bfloat16", mesh="fsdp", audio_token="<|file_sep|>", categories=tuple(CATEGORIES),
                    n_per_category=100000, n_perturb=50, max_new_tokens=256,
@@ -199,7 +226,9 @@ registry.register(registry.Experiment(
     results=("items", "failures.<suite>.<kind>", "ast_accuracy.<suite>.<category>?", "irrelevance.<suite>?",
              "wer.clean?", "wer.<perturbation>?", "drop.<factor>?", "worst_factor?", "worst_factor.drop?",
              "true_audio.cut?", "connector.clips?", "wer.true_audio?", "connector.loss_first?", "connector.loss_last?",
-             "multi_turn_accuracy.<suite>.<category>?", "multi_turn_failures.<suite>.<error>?", "wer.multi_turn?"),
+             "multi_turn_accuracy.<suite>.<category>?", "multi_turn_failures.<suite>.<error>?", "wer.multi_turn?",
+             "sft.examples?", "sft.heldout_examples?", "sft.heldout_accuracy?", "sft.heldout_accuracy.<kind>?",
+             "sft.loss_first?", "sft.loss_last?", "sft.seconds?"),
     paper="bfcl_audio", claims=(
         Claim("snr_monotone", "function-calling accuracy falls as the background noise gets louder",
               "accuracy drops with lower SNR",

@@ -9,7 +9,7 @@ import string
 
 import numpy as np
 
-from experiments.bfcl_audio import multi_turn
+from experiments.bfcl_audio import call_sft, multi_turn
 from experiments.bfcl_audio.speech import make_clip, parse_perturbation
 from experiments.runner import splits
 from jaxlab import errors
@@ -408,15 +408,21 @@ def evaluated_turns(cfg: Config) -> list[str]:
   return [t for e in entries for t in e["texts"] if t is not None]
 
 
-def split_items(items: list[dict], turns: list[str], align: list[dict]) -> dict:
-  """The run's splits: the connector's alignment requests (train, when it trains), the evaluated single-turn
-  requests and their functions (test) and the multi-turn suite's user turns (test_multi_turn)."""
+def split_items(items: list[dict], turns: list[str], align: list[dict], sft: dict | None = None) -> dict:
+  """The run's splits: the connector's alignment requests and the call-format SFT's requests and generated
+  functions (train, when they train), the evaluated single-turn requests and their functions (test), the
+  multi-turn suite's user turns (test_multi_turn) and the SFT's held-out requests and functions (sft_heldout)."""
   out = {"test": {"questions": [it["text"] for it in items],
                   "functions": [f for it in items for f in it["functions"]]}}
   if turns:
     out["test_multi_turn"] = {"questions": turns}
-  if align:
-    out["train"] = {"questions": [it["text"] for it in align]}
+  train = {"questions": [it["text"] for it in align]} if align else {}
+  if sft:
+    train["questions"] = train.get("questions", []) + [ex["text"] for ex in sft["train"]]
+    train["functions"] = sft["train_functions"]
+    out["sft_heldout"] = {"questions": [ex["text"] for ex in sft["heldout"]], "functions": sft["heldout_functions"]}
+  if train:
+    out["train"] = train
   return out
 
 
@@ -427,16 +433,23 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   from experiments.bfcl_audio import true_audio
   mesh = shd.make_mesh(cfg.mesh) if cfg.mesh else None
   mcfg, params, tok = load_chat_model(cfg.model, cfg.dtype, cfg.dtype)
-  loaded = (mcfg, place(params, mesh, cfg.strategy), tok)
   if "true_audio" in cfg.suites:
-    true_audio.audio_token_id(loaded[2], cfg.audio_token)  # a bad placeholder fails before any audio is made
-  asr_model = load_asr(cfg.asr_model) if {"text_audio", "true_audio"} & set(cfg.suites) else None
-  generate = chat_generator(cfg.model, cfg.max_new_tokens, cfg.batch_size, loaded=loaded, mesh=mesh)
+    true_audio.audio_token_id(tok, cfg.audio_token)  # a bad placeholder fails before any audio is made
   items, turns = load_items(cfg.categories, cfg.n_per_category), evaluated_turns(cfg)
   evaluated, heard = {it["id"] for it in items}, [it["text"] for it in items] + turns
   trains = "true_audio" in cfg.suites and cfg.align_steps > 0
   align = true_audio.align_items(cfg, evaluated, heard) if trains else []
-  splits.record(out_dir, "bfcl_audio", split_items(items, turns, align))
+  sft_data = call_sft.prepare(cfg, tok, call_sft.bfcl_names(cfg.categories)) if cfg.sft_steps else None
+  splits.record(out_dir, "bfcl_audio", split_items(items, turns, align, sft_data))
+  sft_res = {}
+  if sft_data:
+    print(f"bfcl_audio: call-format SFT, {cfg.sft_steps} steps on {len(sft_data['train'])} examples", flush=True)
+    params, sft_res, sft_rows = call_sft.tune(cfg, (mcfg, params, tok), sft_data, lambda p: chat_generator(
+        cfg.model, cfg.max_new_tokens, cfg.batch_size, loaded=(mcfg, p, tok)))
+    _write_jsonl(os.path.join(out_dir, "sft_heldout.jsonl"), sft_rows)
+  loaded = (mcfg, place(params, mesh, cfg.strategy), tok)
+  asr_model = load_asr(cfg.asr_model) if {"text_audio", "true_audio"} & set(cfg.suites) else None
+  generate = chat_generator(cfg.model, cfg.max_new_tokens, cfg.batch_size, loaded=loaded, mesh=mesh)
   speech_llm = None
   if "true_audio" in cfg.suites:
     speech_llm = true_audio.build(cfg, loaded, asr_model, generate, out_dir, evaluated, resume, heard, mesh=mesh)
@@ -451,7 +464,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   counts = getattr(generate_chat, "counts", None)
   if counts and counts["prompt_tokens"]:
     res["multi_turn.reused_token_share"] = counts["reused_tokens"] / counts["prompt_tokens"]
-  return res
+  return {**res, **sft_res}
 
 
 # `experiments plan`'s shapes where the run's depend on the tokenizer: a single-turn BFCL prompt's length bucket
@@ -474,11 +487,12 @@ def workloads(cfg: Config, mesh) -> list:
   the multi-turn suite (whole prompts: an upper bound where `multi_turn_cache` "prefix" prefills only each step's
   new tokens), of the alignment chat for true_audio's repetition), Whisper's transcription of every clip
   (`jaxlab.audio.asr`: the encoder and the prompt's prefill, then the greedy loop, counted at its 224-token limit),
-  true_audio's frozen-encoder features (`true_audio.features_fn`) and the connector's alignment step
+  true_audio's frozen-encoder features (`true_audio.features_fn`), the call-format SFT's LoRA step
+  (`call_sft.train_step`, rows of `sft_max_tokens`) and its held-out generations, and the connector's alignment step
   (`true_audio.connector_loss` through `recipes.train_step`, as `recipes.fit` builds it). The LLM's params are
   sharded by cfg.strategy over `mesh`, Whisper's and the connector's replicated, rows placed as `shard_rows` places
-  them. Analytic FLOPs: 2 N per token for forward passes (decoding counted at the limit); the alignment step
-  4 N per token of the frozen LM (forward, and backward to its inputs only)."""
+  them. Analytic FLOPs: 2 N per token for forward passes (decoding counted at the limit); the alignment and SFT
+  steps 4 N per token of the LM (forward, and backward to its inputs and the small connector or adapter only)."""
   import functools
 
   import jax
@@ -486,6 +500,7 @@ def workloads(cfg: Config, mesh) -> list:
   from experiments._shared.chat_models import abstract_params, model_config
   from experiments.bfcl_audio import true_audio
   from experiments.runner import plan as plan_lib
+  from jaxlab.adapters import lora
   from jaxlab.audio import asr
   from jaxlab.hf import hub
   from jaxlab.models import transformer as tfm
@@ -522,6 +537,15 @@ def workloads(cfg: Config, mesh) -> list:
     align = len(true_audio.align_items(cfg, {it["id"] for it in items}, [it["text"] for it in items] + turns))
   single = sum((n, n + perturbed, n)[k] for k, s in enumerate(SUITES) if s in cfg.suites)
   out = [generation("generate", PLAN_PROMPT_TOKENS, cfg.max_new_tokens, _calls(single, b))]
+  if cfg.sft_steps > 0:
+    lcfg, tx, t = call_sft.lora_config(cfg.sft_rank), call_sft.optimizer(cfg.sft_steps, cfg.sft_lr), cfg.sft_max_tokens
+    adapter = replicated(jax.eval_shape(lambda p: lora.init(lcfg, p, jax.random.PRNGKey(0)), params))
+    state = replicated(jax.eval_shape(lambda a: state_lib.create(a, tx, cfg.sft_seed), adapter))
+    rows = shd.abstract_rows({k: ((cfg.sft_batch, t), i32) for k in ("inputs", "targets", "loss_mask")}, mesh)
+    out.append(plan_lib.Workload("sft_train_step", "train", call_sft.train_step(mcfg, lcfg, tx),
+                                 (state, dict(rows, base=params)), cfg.sft_steps,
+                                 2 / 3 * tfm.flops_per_token(mcfg, t) * cfg.sft_batch * t))
+    out.append(generation("generate.sft_heldout", -(-t // 128) * 128, cfg.max_new_tokens, _calls(cfg.sft_heldout, b)))
   if turns:
     rows = min(b, cfg.n_multi_turn * len(cfg.multi_turn_categories))
     suites = sum(s in cfg.suites for s in ("text", "text_audio"))
