@@ -38,8 +38,10 @@ the shortest kept trace per question). SFT rows: the single-question prompt -> "
 labels renumbered to 1), after its reasoning in a `<think>` block when it has one, then a LoRA (q, k, v, o)
 fine-tune with the completion-only loss (`jaxlab.losses.sft_loss_fn`, `jaxlab.train` loop), and single-question
 tokens and accuracy on the held-out questions before (`sft.*_before` = the N = 1 figures) and after.
-Baseline, multi-question prompts at test time: `baseline.tokens` / `baseline.accuracy` are the held-out figures
-at N = `train_n` (`baseline.n`). With no kept example the fine-tune is skipped and the `*_after` figures are NaN.
+Baselines: multi-question prompts at test time (`baseline.tokens` / `baseline.accuracy`, the held-out figures at
+N = `train_n`, `baseline.n`), and rejection-sampling fine-tuning (`rft.*`, the paper's shortest-trace baseline:
+the same fine-tune on each training question's shortest correct single-question answer, `build_rft`, then the same
+held-out measurement). With no kept example a fine-tune is skipped and its `*_after` figures are NaN.
 
 cpu preset: SmolLM2-135M-Instruct on reasoning-gym chain_sum (sums and differences of 2-3 one-digit terms, asked
 as "State the final answer to the following arithmetic problem: 4 - 1 =", which the model answers directly more
@@ -169,8 +171,9 @@ registry.register(registry.Experiment(
     results=("tokens_per_question.n<n>", "accuracy.n<n>", "parsed.n<n>", "position_tokens.<i>", "position_accuracy.<i>",
              "sft.examples", "sft.candidates", "sft.correct_candidates", "sft.train_single_tokens", "sft.target_tokens",
              "sft.tokens_before", "sft.accuracy_before", "baseline.n", "baseline.tokens", "baseline.accuracy",
-             "sft.loss_first?", "sft.loss_last?", "sft.tokens_after", "sft.accuracy_after", "seconds",
-             "seconds.<phase>"),
+             "sft.loss_first?", "sft.loss_last?", "sft.tokens_after", "sft.accuracy_after", "rft.examples",
+             "rft.target_tokens", "rft.loss_first?", "rft.loss_last?", "rft.tokens_after", "rft.accuracy_after",
+             "seconds", "seconds.<phase>"),
     paper="conpress", claims=(
         Claim("sft", "SFT on correct concise multi-question traces cuts single-question tokens by >= 30% with "
               "accuracy within 2 points", "-59% tokens on MATH500 at matched accuracy",

@@ -177,6 +177,14 @@ def build_sft(rows: list[dict], max_ratio: float = 1.0) -> list[dict]:
   return out
 
 
+def build_rft(rows: list[dict]) -> list[dict]:
+  """Rejection-sampling fine-tuning's examples, the paper's shortest-trace baseline: per training question the
+  shortest correct answer among its own single-question samples ({"id", "question", "samples": [{"trace", "tokens",
+  "correct"}]}, `build_sft`'s candidate form); a question with none is left out."""
+  return build_sft([{"id": r["id"], "question": r["question"], "single_tokens": float("inf"),
+                     "candidates": r["samples"]} for r in rows])
+
+
 def sft_parts(mcfg, cfg: Config, tree):
   """What the fine-tune trains with: (LoRA config, optimizer, loss_fn, the tree's axis rules) for the tree
   {"base": params, "adapter": LoRA} (arrays or ShapeDtypeStructs)."""
@@ -269,7 +277,8 @@ def model_config(cfg: Config):
 
 def workloads(cfg: Config, mesh) -> list:
   """The greedy generation of every budget group (`generate`: prompts of N questions with N x max_new_tokens new
-  tokens; the single-question group also after the fine-tune) and the fine-tune's train step, at the preset's
+  tokens; the single-question group also after each fine-tune) and the train step of the two fine-tunes (ConPress's
+  SFT and the RFT baseline), at the preset's
   shapes with abstract arguments (`experiments plan`). Prompt lengths are data: a prompt of N questions is taken as
   PLAN_HEAD_TOKENS + N x PLAN_QUESTION_TOKENS positions (rounded up to 64 as `generate` pads)."""
   from experiments.runner import plan as plan_lib
@@ -295,8 +304,8 @@ def workloads(cfg: Config, mesh) -> list:
   for n, count in groups.items():
     b, t, new = chunk_rows(count, min(count, cfg.gen_batch), cfg.gen_batch), prompt_len(n), n * m
     chunks = -(-count // cfg.gen_batch)
-    if n == 1:  # the held-out single questions again after the fine-tune
-      chunks += -(-(groups[1] - cfg.train_questions) // cfg.gen_batch)
+    if n == 1:  # the held-out single questions again after each fine-tune (ConPress's SFT and the RFT baseline)
+      chunks += 2 * -(-(groups[1] - cfg.train_questions) // cfg.gen_batch)
     ids = batch({"ids": ((b, t), "int32"), "mask": ((b, t), "int32")})
     flops = tfm.flops_per_token(mcfg, t + new) / 3 * b * (t + new)
     out.append(plan_lib.Workload(f"generate.n{n}", "generate", generate_step(mcfg, new, stops, pad),
@@ -311,7 +320,7 @@ def workloads(cfg: Config, mesh) -> list:
   length = -(-(PLAN_HEAD_TOKENS + PLAN_QUESTION_TOKENS + m + 1) // 32) * 32
   rows = batch({k: ((cfg.batch_size, length), "int32") for k in ("inputs", "targets", "loss_mask")})
   out.append(plan_lib.Workload("sft_step", "train", sft_step(cfg, parts, state, mesh if cfg.mesh else None),
-                               (state, rows), cfg.steps,
+                               (state, rows), 2 * cfg.steps,
                                tfm.flops_per_token(mcfg, length) * cfg.batch_size * length))
   return out
 
@@ -383,23 +392,36 @@ def run_with_model(cfg: Config, out_dir: str, mcfg, params, tok, test_task: Task
     for n in cfg.ns:
       metrics.write(json.dumps({"phase": "measure", "n": n, **{k: v for k, v in res.items()
                                                               if k.endswith(f".n{n}")}}) + "\n")
-    if examples:
-      eos = [tok.eos_id]
-      p_ids = [chat_ids(tok, pack_prompt([e["question"]])) for e in examples]
-      c_ids = [tok.encode(e["completion"]) + eos for e in examples]
+    singles = [j for j, (n, _) in enumerate(where) if n == 1]
+
+    def tune_and_measure(name: str, chosen: list[dict]):
+      """Fine-tunes on `chosen` and measures the held-out single questions: res[name.loss_*, .tokens_after,
+      .accuracy_after] (NaN without examples)."""
+      if not chosen:
+        res[f"{name}.tokens_after"] = res[f"{name}.accuracy_after"] = float("nan")
+        return
+      p_ids = [chat_ids(tok, pack_prompt([e["question"]])) for e in chosen]
+      c_ids = [tok.encode(e["completion"]) + [tok.eos_id] for e in chosen]
       length = -(-max(len(p) + len(c) for p, c in zip(p_ids, c_ids)) // 32) * 32
       tuned, history = finetune(mcfg, params, sft_batch(p_ids, c_ids, length, pad_id=tok.batch_pad_id), cfg)
-      metrics.writelines(json.dumps({"phase": "sft", **r}) + "\n" for r in history)
-      clock["sft"] = time.time() - t0 - sum(clock.values())
-      res["sft.loss_first"], res["sft.loss_last"] = history[0]["loss"], history[-1]["loss"]
-      singles = [j for j, (n, _) in enumerate(where) if n == 1]
+      metrics.writelines(json.dumps({"phase": name, **r}) + "\n" for r in history)
+      res[f"{name}.loss_first"], res[f"{name}.loss_last"] = history[0]["loss"], history[-1]["loss"]
       texts1, counts1 = generate(tuned, mcfg, tok, [prompts[j] for j in singles], [budgets[j] for j in singles],
                                  cfg.gen_batch, shape)
       after, _ = summarize(test_task, test, (1,), [where[j] for j in singles], texts1, counts1)
-      res["sft.tokens_after"], res["sft.accuracy_after"] = after["tokens_per_question.n1"], after["accuracy.n1"]
-      clock["generate_after"] = time.time() - t0 - sum(clock.values())
-    else:
-      res["sft.tokens_after"] = res["sft.accuracy_after"] = float("nan")
+      res[f"{name}.tokens_after"], res[f"{name}.accuracy_after"] = after["tokens_per_question.n1"], after["accuracy.n1"]
+
+    tune_and_measure("sft", examples)
+    clock["sft"] = time.time() - t0 - sum(clock.values())
+    samples = [{"id": i, "question": e["question"], "samples": [
+        {"trace": p.trace, "tokens": len(tok.encode(sft_completion(p))) + 1,
+         "correct": train_task.correct(p.answer, e)} for p in parse_packed(text, 1, [e["question"]]) if p.trace]}
+        for i, (e, text) in enumerate(zip(train, texts[n_test:n_test + len(train)]))]
+    rft = build_rft(samples)
+    res["rft.examples"] = len(rft)
+    res["rft.target_tokens"] = float(np.mean([e["tokens"] for e in rft])) if rft else float("nan")
+    tune_and_measure("rft", rft)
+    clock["rft"] = time.time() - t0 - sum(clock.values())
   res["seconds"] = time.time() - t0
   res.update({f"seconds.{k}": v for k, v in clock.items()})
   registry.plot_curves(os.path.join(out_dir, "tokens_by_n.png"),

@@ -332,6 +332,17 @@ def test_build_sft_keeps_exactly_the_correct_concise_traces():
   assert [e["id"] for e in run_exp.build_sft(rows, max_ratio=0.35)] == [3]
 
 
+def test_build_rft_keeps_each_questions_shortest_correct_own_sample():
+  rows = [{"id": 0, "question": "q0", "samples": [{"trace": "long right", "tokens": 30, "correct": True},
+                                                  {"trace": "short wrong", "tokens": 5, "correct": False},
+                                                  {"trace": "short right", "tokens": 12, "correct": True}]},
+          {"id": 1, "question": "q1", "samples": [{"trace": "wrong", "tokens": 5, "correct": False}]},
+          {"id": 2, "question": "q2", "samples": [{"trace": "only one", "tokens": 50, "correct": True}]}]
+  out = run_exp.build_rft(rows)
+  assert [(e["id"], e["tokens"], e["completion"]) for e in out] == [(0, 12, "Problem 1: short right"),
+                                                                    (2, 50, "Problem 1: only one")]
+
+
 def test_lora_sft_lowers_the_completion_loss_and_leaves_the_base_alone():
   cfg, params = _tiny(1)
   rng = np.random.default_rng(0)
@@ -392,7 +403,7 @@ def test_run_on_canned_answers_measures_filters_and_fine_tunes(tmp_path, monkeyp
 
   monkeypatch.setattr(run_exp, "generate", canned)
   res = run_exp.run_with_model(cfg, str(tmp_path), mcfg, params, tok, test, train)
-  (texts, counts), (texts_after, counts_after) = calls
+  (texts, counts), (texts_after, counts_after), (texts_rft, counts_rft) = calls
   starts = [(n, s) for n in exp.NS for s in range(0, 8, n)]
   for n in exp.NS:
     mine = [c / n for (m, _), c in zip(starts, counts) if m == n]
@@ -404,8 +415,14 @@ def test_run_on_canned_answers_measures_filters_and_fine_tunes(tmp_path, monkeyp
   assert [len(q) for q in seen[15:21]] == [1, 1, 1, 1, 2, 2]
   assert res["sft.examples"] == 2 and res["sft.candidates"] == 4 and res["sft.correct_candidates"] == 2
   assert res["sft.loss_last"] < res["sft.loss_first"]
-  assert seen[21:] == [[e["question"]] for e in test.entries]  # after SFT: the held-out questions alone
+  assert seen[21:29] == [[e["question"]] for e in test.entries]  # after SFT: the held-out questions alone
   assert res["sft.tokens_after"] == pytest.approx(np.mean(counts_after)) and res["sft.accuracy_after"] == 1.0
+  # the RFT baseline: every training question's own (verbose, right) single answer, then the same measurement
+  verbose = "Problem 1: Let us work this out slowly, one step after another, carefully.\nAnswer 1: "
+  assert res["rft.examples"] == 4 and res["rft.target_tokens"] == pytest.approx(np.mean(
+      [len(tok.encode(verbose + gold[e["question"]])) + 1 for e in train.entries]))
+  assert seen[29:] == [[e["question"]] for e in test.entries] and res["rft.accuracy_after"] == 1.0
+  assert res["rft.tokens_after"] == pytest.approx(np.mean(counts_rft)) and res["rft.loss_last"] < res["rft.loss_first"]
   assert res["sft.tokens_before"] == res["tokens_per_question.n1"]
   assert res["baseline.n"] == 2 and res["baseline.accuracy"] == res["accuracy.n2"] == 0.5
   recorded = splits.read(str(tmp_path))

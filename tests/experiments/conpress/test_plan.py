@@ -15,5 +15,5 @@ def test_full_preset_plans_each_generation_budget_and_the_fine_tune_on_cpu_8():
     assert 0.65 <= ratio <= 1.5 if w["kind"] == "train" else 0.3 <= ratio <= 1.5, (w["name"], ratio)
   steps = {w["name"]: w["steps"] for w in p["workloads"]}
   # 496 held-out + 8000 training single questions, and the held-out ones again after the fine-tune (64 a chunk)
-  assert steps["generate.n1"] == -(-8496 // 64) + -(-496 // 64)
-  assert steps["generate.n4"] == -(-(124 + 2 * 2000) // 64) and steps["sft_step"] == 2000
+  assert steps["generate.n1"] == -(-8496 // 64) + 2 * -(-496 // 64)  # + after SFT and after the RFT baseline
+  assert steps["generate.n4"] == -(-(124 + 2 * 2000) // 64) and steps["sft_step"] == 2 * 2000
