@@ -157,7 +157,7 @@ def workloads(cfg: Config, mesh) -> list:
   calls = 7 if cfg.vlm_path is not None else 11  # test split: 6 decodes + given negatives; + 4 on misleading cues
   questions = PLAN_TEST_QUESTIONS if cfg.vlm_path is not None else cfg.n_test_scenes * len(cfg.rad.kinds)
   state = states["ce"]
-  return [plan_lib.Workload("train_step.ce", "train", steps["ce"], (state, ce), 3 * p1 + 4 * p2,
+  return [plan_lib.Workload("train_step.ce", "train", steps["ce"], (state, ce), 3 * p1 + 3 * p2,
                             pipe.forward_flops(vcfg, b * k, b * k, t, train=True)),
           plan_lib.Workload("train_step.mca", "train", steps["mca"], (states["mca"], mca), p1,
                             pipe.forward_flops(vcfg, g, g, t, train=True)),
@@ -220,10 +220,11 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   models = {}
   for method, style in (("sft_answer", "answer"), ("sft_rationale", "rationale")):
     models[method] = trainer.fit(method, params0, enc.sft_sampler(train_q, style, b, k, fit_seed), steps)
+  # phase 2 does not read alpha and starts from the same weights: the ablation shares MIND's phase-2 model
+  p2 = trainer.fit("mind.phase2", params0, enc.phase2_sampler(train_q, b, k, fit_seed), cfg.phase2_steps)
   for name, alpha in (("mind", cfg.alpha), ("mind_no_mca", 0.0)):
     sampler = enc.phase1_sampler(train_q, b, k, cfg.mca_rationales, negatives=alpha > 0, seed=fit_seed)
     p1 = trainer.fit(f"{name}.phase1", params0, sampler, cfg.phase1_steps, "mca" if alpha > 0 else "ce")
-    p2 = trainer.fit(f"{name}.phase2", params0, enc.phase2_sampler(train_q, b, k, fit_seed), cfg.phase2_steps)
     models[name] = (p1, p2)
 
   new1 = enc.max_target(train_q, 1) + 4
