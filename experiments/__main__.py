@@ -204,7 +204,7 @@ def _readme(args) -> int:
     print(f"{args.readme}: paper table {'rewritten' if changed else 'already current'} from {args.claims}")
   if os.path.exists(args.plan):
     with open(args.plan) as f:
-      changed = readme_lib.update_scale(args.readme, json.load(f))
+      changed = readme_lib.update_scale(args.readme, json.load(f), merge=args.merge)
     print(f"{args.readme}: paper scale table {'rewritten' if changed else 'already current'} from {args.plan}")
   return 0
 

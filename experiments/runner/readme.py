@@ -123,16 +123,40 @@ def _replace(path: str, begin: str, end: str, block) -> bool:
   return new != text
 
 
-def update_scale(path: str, plans: dict) -> bool:
-  """Rewrites the README's "Paper scale" table from a `plan --all` report (runs/plan.json)."""
+def _scale_source(plans: dict) -> str:
   from experiments.runner import plan
   commits = plans.get("commits") or []
   at = f" by the code of commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}" if commits else ""
-  return _replace(path, SCALE_BEGIN, SCALE_END, lambda old: (
-      f"Full presets planned by `python -m experiments plan --all --topology {plans['topology']}`{at} (each on the "
-      f"smallest slice, from that one up, on which it fits; {plan.seconds_source(plans)}; MFU '-' where it gave none "
-      f"and the seconds are counted at peak FLOP/s):\n\n"
-      f"{plan.scale_table(plans)}"))
+  return (f"`python -m experiments plan --all --topology {plans['topology']}`{at} (each on the smallest slice, from "
+          f"that one up, on which it fits; {plan.seconds_source(plans)}; MFU '-' where it gave none and the seconds "
+          f"are counted at peak FLOP/s)")
+
+
+def _scale_merged(old: str, plans: dict) -> str:
+  """The README's scale table `old` with the rows of the experiments `plans` holds replaced (others kept), and a
+  header line naming them and their plan; an earlier such line is dropped once every experiment it names is
+  replaced."""
+  from experiments.runner import plan
+  lines = old.strip("\n").splitlines()
+  start = next(i for i, line in enumerate(lines) if line.startswith("| paper | experiment |"))
+  key = lambda line: line.split("|")[2].strip()
+  rows = {key(line): line for line in lines[start + 2:] if line.startswith("| ")}
+  new = {key(line): line for line in plan.scale_table(plans).splitlines()[2:]}
+  rows.update(new)
+  notes = [line for line in lines[:start] if line and not (
+      line.startswith("Rows for ") and set(line[len("Rows for "):].split(":")[0].split(", ")) <= set(new))]
+  notes.append(f"Rows for {', '.join(sorted(new))}: planned by {_scale_source(plans)}.")
+  cells = lambda line: [c.strip() for c in line.split("|")[1:3]]
+  body = sorted(rows.values(), key=lambda line: (cells(line)[0] == "-", cells(line)))  # unplanned ones last
+  return "\n\n".join(notes) + "\n\n" + "\n".join(lines[start:start + 2] + body)
+
+
+def update_scale(path: str, plans: dict, merge: bool = False) -> bool:
+  """Rewrites the README's "Paper scale" table from a `plan --all` report (runs/plan.json); with `merge`, only the
+  rows of the experiments the report planned."""
+  from experiments.runner import plan
+  return _replace(path, SCALE_BEGIN, SCALE_END, lambda old: _scale_merged(old, plans) if merge else (
+      f"Full presets planned by {_scale_source(plans)}:\n\n{plan.scale_table(plans)}"))
 
 
 def update(path: str, report: dict, merge: bool = False) -> bool:

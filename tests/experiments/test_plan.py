@@ -143,3 +143,12 @@ def test_plan_all_writes_the_scale_table_and_the_readme_takes_it(monkeypatch, tm
   text = readme.read_text()
   assert "old" not in text and "plan --all --topology cpu-8" in text and "| scale | toy_plan | org/toy |" in text
   assert not readme_lib.update_scale(str(readme), report)  # generated again: unchanged
+  # a merge replaces the rows of the experiments a later plan holds and keeps the others
+  later = {**report, "commits": ["abc123"], "errors": {},
+           "plans": [{**p, "chip_hours": 7.5} for p in report["plans"] if p["experiment"] == "toy_plan"]}
+  assert readme_lib.update_scale(str(readme), later, merge=True)
+  text = readme.read_text()
+  rows = [line for line in text.splitlines() if line.startswith("| ") and "experiment" not in line]
+  assert [r.split("|")[2].strip() for r in rows] == ["toy_none", "toy_plan", "toy_bad"] and "| 7.5 |" in rows[1]
+  assert "Rows for toy_plan: planned by `python -m experiments plan --all --topology cpu-8` by the code of commit " \
+      "abc123" in text and text.count("Full presets planned by") == 1
