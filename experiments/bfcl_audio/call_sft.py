@@ -8,10 +8,10 @@ irrelevance example (a request that none of the offered functions serves), a sen
 No generated name equals a name in `forbidden` (the BFCL functions a run loads; a collision is redrawn), and the
 training and held-out functions come from disjoint domains (`split_domains`).
 
-`sft_rows` renders each example with the evaluation's own prompt (`run.request` -> `chat_ids`, BFCL's system
+`sft_rows` renders each example with the evaluation's own prompt (`chat.request` -> `chat_ids`, BFCL's system
 prompt and the model's chat template) and puts the loss on the assistant target only (its tokens and the end of
 turn); `finetune` trains a LoRA adapter on it with jaxlab's train step and returns the merged params;
-`heldout_accuracy` scores greedy answers on held-out functions with the evaluation's checker (`run.check`).
+`heldout_accuracy` scores greedy answers on held-out functions with the evaluation's checker (`chat.check`).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ import optax
 
 from experiments._shared.adapters import sft_batches
 from experiments._shared.chat_models import chat_ids
+from experiments.bfcl_audio.chat import chat_generator, check, request
 from jaxlab import losses
 from jaxlab.adapters import lora
 from jaxlab.rl.dpo import sft_batch
@@ -261,16 +262,15 @@ def examples(domains, n: int, seed: int, forbidden: set[str], per_domain: int = 
 
 
 def item(ex: dict) -> dict:
-  """An example as `run.request` and `run.check` take an evaluation item."""
+  """An example as `chat.request` and `chat.check` take an evaluation item."""
   return {"id": ex["id"], "category": ex["category"], "messages": [{"role": "user", "content": ex["text"]}],
           "functions": ex["functions"], "ground_truth": ex["ground_truth"], "text": ex["text"]}
 
 
 def prompt_and_target(tok, ex: dict) -> tuple[list[int], list[int]]:
-  """(prompt ids, target ids) of an example: the prompt exactly as the evaluation builds it (`run.request`,
+  """(prompt ids, target ids) of an example: the prompt exactly as the evaluation builds it (`chat.request`,
   `chat_ids`), the target the tokens the chat template puts after it for the assistant's answer, up to and
   including the end of turn (the tokenizer's eos)."""
-  from experiments.bfcl_audio.run import request
   r = request(item(ex), ex["text"])
   prompt = chat_ids(tok, r["user"], r["system"], r["history"])
   msgs = [{"role": "system", "content": r["system"]}, *r["history"], {"role": "user", "content": r["user"]},
@@ -332,9 +332,8 @@ def finetune(mcfg, params, rows: dict, steps: int, rank: int, lr: float, batch: 
 
 
 def heldout_accuracy(exs: list[dict], outputs: list[str]) -> dict:
-  """Per held-out example, whether the evaluation's checker (`run.check`) passes its output; {"accuracy",
+  """Per held-out example, whether the evaluation's checker (`chat.check`) passes its output; {"accuracy",
   "accuracy.<kind>", "rows"}."""
-  from experiments.bfcl_audio.run import check
   rows = [{"id": ex["id"], "category": ex["category"], "text": ex["text"], "target": ex["target"], "output": o,
            "valid": bool(check(item(ex), o).valid)} for ex, o in zip(exs, outputs, strict=True)]
   out = {"accuracy": float(np.mean([r["valid"] for r in rows])), "rows": rows}
@@ -376,7 +375,6 @@ def prepare(cfg, tok, forbidden: set[str]) -> dict:
 def tune(cfg, loaded, data: dict, generate_with, log=None) -> tuple[dict, dict, list[dict]]:
   """Trains the adapter on data["train"] and merges it (`finetune`), then answers the held-out requests with
   `generate_with(params)(requests)` and scores them; returns (merged params, results, held-out rows)."""
-  from experiments.bfcl_audio.run import request
   mcfg, params, tok = loaded
   t0 = time.time()
   rows = sft_rows(tok, data["train"])
@@ -399,7 +397,6 @@ def main(argv=None) -> dict:
   import argparse
   import json
   from experiments.bfcl_audio import PRESETS
-  from experiments.bfcl_audio.run import chat_generator
   from experiments._shared.chat_models import load_chat_model
   ap = argparse.ArgumentParser(description=main.__doc__)
   ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS))

@@ -114,7 +114,7 @@ def _play(entry: dict, user_texts, max_steps: int):
 
 
 def prefix_chat_generator(loaded, max_new_tokens: int, room: int = 2048, keep: int = 16):
-  """message lists -> greedy answers, the texts `run.chat_generator` gives for them, with the KV cache of each
+  """message lists -> greedy answers, the texts `chat.chat_generator` gives for them, with the KV cache of each
   conversation's last prompt kept (`jaxlab.generate.prefix`): a prompt that extends a kept one prefills only its
   new tokens, then decodes after them. Chats are generated one at a time (each has its own prefix).
 

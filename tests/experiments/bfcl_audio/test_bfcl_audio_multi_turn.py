@@ -13,7 +13,7 @@ import pytest
 from experiments import bfcl_audio as exp
 from experiments.bfcl_audio import run as run_exp
 from experiments.bfcl_audio import multi_turn as mt
-from experiments.bfcl_audio import bfcl_multi_turn
+from experiments.bfcl_audio import bfcl, bfcl_multi_turn
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -86,7 +86,7 @@ def test_step_limit_and_tool_results_reach_the_next_prompt(entries):
   assert seen[1][-2] == {"role": "assistant", "content": "[pwd()]"}
   verdict = bfcl_multi_turn.check(model_turns, e["ground_truth"], e)
   assert verdict.error_type == "multi_turn:force_terminated"
-  assert run_exp.system_prompt(e["functions"]) == seen[0][0]["content"]
+  assert bfcl.system_prompt(e["functions"]) == seen[0][0]["content"]
   assert {"pwd", "ls", "cd"} <= {f["name"] for f in e["functions"]}
 
 
