@@ -172,7 +172,11 @@ def _claim(gym: str) -> Claim:
   return Claim(f"{gym}", f"on {gym}, BAO scores at least UserRL-GRPO's score with a lower user-involvement rate",
                "BAO pushes the Pareto front: higher task performance with fewer user turns than UserRL",
                f"{{score.{gym}.bao}} >= {{score.{gym}.grpo_userrl}} and "
-               f"{{user_rate.{gym}.bao}} < {{user_rate.{gym}.grpo_userrl}}")
+               f"{{user_rate.{gym}.bao}} < {{user_rate.{gym}.grpo_userrl}}",
+               measurable=f"{{score.{gym}.bao}} + {{score.{gym}.grpo_userrl}} > 0 and "
+                          f"{{score.{gym}.bao}} + {{score.{gym}.grpo_userrl}} < 2",
+               why="both methods score 0 (the floor) or both 1 (the ceiling), so 'at least the score' holds whatever "
+                   "the method; only the user rate would be compared")
 
 
 registry.register(registry.Experiment(

@@ -259,6 +259,12 @@ def test_registration_and_claims_on_known_results():
               "user_rate.telepathy.bao": 0.6, "score.telepathy.bao": 0.4})
   got = {c.id: claims_lib.holds(c, res) for c in reg.claims}
   assert got == {"function": True, "telepathy": False}
+  assert all(claims_lib.measurable(c, res) for c in reg.claims)
+  # both methods at the floor (or both at the ceiling): the score half tells nothing
+  tele = next(c for c in reg.claims if c.id == "telepathy")
+  for v in (0.0, 1.0):
+    assert claims_lib.measurable(tele, {**res, "score.telepathy.bao": v, "score.telepathy.grpo_userrl": v}) is False
+  assert claims_lib.measurable(tele, {**res, "score.telepathy.bao": 0.1, "score.telepathy.grpo_userrl": 0.0})
 
 
 def test_bad_gym_from_the_cli_is_one_line_before_any_work(tmp_path):

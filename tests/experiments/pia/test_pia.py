@@ -133,3 +133,13 @@ def test_smoke_preset_end_to_end(tmp_path):
   picl_row = next(r for r in rows if r["phase"] == "picl")
   assert picl_row["pic_rows"] >= 1 and np.isfinite(picl_row["loss"])
   assert (tmp_path / "ple_asr.png").exists()
+
+
+def test_asr_claims_are_not_measurable_at_the_floor():
+  from experiments.runner import claims as claims_lib
+  reg = {c.id: c for c in registry.get("pia").claims}
+  res = {"asr.before": 0.25, "asr.after_picl": 0.0, "asr.after_dpo_only": 0.125}
+  assert claims_lib.measurable(reg["picl_asr"], res) and claims_lib.holds(reg["picl_asr"], res)
+  assert claims_lib.measurable(reg["vs_dpo"], res) and claims_lib.holds(reg["vs_dpo"], res)
+  assert claims_lib.measurable(reg["picl_asr"], {**res, "asr.before": 0.0}) is False  # 0 <= 0.5 * 0 tells nothing
+  assert claims_lib.measurable(reg["vs_dpo"], {**res, "asr.after_dpo_only": 0.0}) is False  # nothing is below 0
