@@ -143,5 +143,6 @@ registry.register(registry.Experiment(
               why="utility before training is within 2 points of 0 (the floor), so no loss of 2 points could show"),
         Claim("vs_dpo", "PICL's held-out ASR is below DPO-only's", "PICL beats DPO-only under persona attacks",
               "{asr.after_picl} < {asr.after_dpo_only}", measurable="{asr.after_dpo_only} > 0",
-              why="DPO-only already reaches ASR 0 (the floor), so nothing can be below it"),
+              why="DPO-only already reaches ASR 0 (the floor), so nothing can be below it",
+              diff=("asr.after_dpo_only", "asr.after_picl")),
     )))

@@ -281,8 +281,11 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
          "ple.heldout_asr_by_generation": held.asr_by_generation, "ple.heldout_seed_asr": held.seed_asr,
          "ple.heldout_best_asr": held.best_asr, "ple.heldout_personas": len(held.lineage.nodes)}
 
+  items = {}  # per (held-out persona, test prompt), in one order for every model: the claims' paired intervals
+
   def measure(params, name):  # ASR of the held-out personas (and, apart, of the training personas) on the test prompts
-    res[f"asr.{name}"] = _asr(model, params, judge, testers, test)[0]
+    res[f"asr.{name}"], _, verdicts = _asr(model, params, judge, testers, test)
+    items[f"asr.{name}"] = [float(v == refusal.COMPLIANCE) for v in verdicts]
     res[f"asr.train_personas_{name}"] = _asr(model, params, judge, attackers, test)[0]
     res[f"over_refusal.{name}"] = _over_refusal(model, params, testers, benign_e)
     res[f"utility.{name}"] = _utility(model, params, data, util_e)
@@ -296,6 +299,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   measure(dpo_params, "after_dpo_only")
   metrics.close()
   res["pairs"], res["seq_len"], res["seconds"] = len(persona_p), length, time.time() - t0
+  res["per_item"] = items
   gens = list(range(len(evo.asr_by_generation)))
   registry.plot_curves(os.path.join(out_dir, "ple_asr.png"),
                        {"new personas": (gens, evo.asr_by_generation), "best so far": (gens, evo.best_by_generation),
