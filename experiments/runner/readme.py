@@ -85,16 +85,29 @@ def ran(report: dict) -> list[str]:
   return [short for short, p in report["papers"].items() if set(p["experiments"]) & done]
 
 
+def _notes(lines: list[str], replaced) -> list[str]:
+  """The header lines above a merged table: an earlier "Rows for A, B: ..." line loses the names `replaced` now
+  names, and is dropped when none is left."""
+  out = []
+  for line in lines:
+    if line.startswith("Rows for ") and ": " in line:
+      names, rest = line[len("Rows for "):].split(": ", 1)
+      kept = [n for n in names.split(", ") if n not in set(replaced)]
+      line = f"Rows for {', '.join(kept)}: {rest}" if kept else ""
+    if line:
+      out.append(line)
+  return out
+
+
 def _merged(block: str, report: dict) -> str:
   """`block` (a table this module wrote) with the rows of the papers `report` ran replaced, and a header line
-  naming them and the report; an earlier such line is dropped once every paper it names is replaced."""
+  naming them and the report; an earlier such line keeps only the papers not replaced (`_notes`)."""
   lines = block.strip("\n").splitlines()
   start = next(i for i, line in enumerate(lines) if line.startswith("| short name |"))
   if not lines[start].endswith(f"claims at the {report['preset']} preset |"):
     raise ValueError(f"the README's table is not for the report's preset {report['preset']!r}: {lines[start]}")
   replaced = ran(report)
-  notes = [line for line in lines[:start] if line and not (
-      line.startswith("Rows for ") and set(line[len("Rows for "):].split(":")[0].split(", ")) <= set(replaced))]
+  notes = _notes(lines[:start], replaced)
   if replaced:
     notes.append(f"Rows for {', '.join(replaced)}: claims checked by {_source(report)}.")
   rows = _table_rows(lines, start)
@@ -134,8 +147,7 @@ def _scale_source(plans: dict) -> str:
 
 def _scale_merged(old: str, plans: dict) -> str:
   """The README's scale table `old` with the rows of the experiments `plans` holds replaced (others kept), and a
-  header line naming them and their plan; an earlier such line is dropped once every experiment it names is
-  replaced."""
+  header line naming them and their plan; an earlier such line keeps only the experiments not replaced."""
   from experiments.runner import plan
   lines = old.strip("\n").splitlines()
   start = next(i for i, line in enumerate(lines) if line.startswith("| paper | experiment |"))
@@ -143,8 +155,7 @@ def _scale_merged(old: str, plans: dict) -> str:
   rows = {key(line): line for line in lines[start + 2:] if line.startswith("| ")}
   new = {key(line): line for line in plan.scale_table(plans).splitlines()[2:]}
   rows.update(new)
-  notes = [line for line in lines[:start] if line and not (
-      line.startswith("Rows for ") and set(line[len("Rows for "):].split(":")[0].split(", ")) <= set(new))]
+  notes = _notes(lines[:start], new)
   notes.append(f"Rows for {', '.join(sorted(new))}: planned by {_scale_source(plans)}.")
   cells = lambda line: [c.strip() for c in line.split("|")[1:3]]
   body = sorted(rows.values(), key=lambda line: (cells(line)[0] == "-", cells(line)))  # unplanned ones last

@@ -408,3 +408,10 @@ def test_report_links_each_papers_departures_table_with_its_row_count(toy, tmp_p
   row = next(line for line in open(os.path.join(root, "report.md")) if line.startswith("| scale |"))
   link = os.path.relpath(os.path.join(provenance.REPO, "experiments/scale/README.md"), root)
   assert row.rstrip().endswith(f"| [{scale['rows']} rows]({link}#departures-from-the-paper) |")
+
+
+def test_readme_merge_takes_replaced_papers_off_earlier_row_notes():
+  notes = ["Claims checked by x:", "Rows for scale, cdka, mind: claims checked by `a` at commit 1.",
+           "Rows for polar: claims checked by `b`."]
+  assert readme_lib._notes(notes, ["mind", "polar"]) == ["Claims checked by x:",
+                                                         "Rows for scale, cdka: claims checked by `a` at commit 1."]

@@ -152,3 +152,6 @@ def test_plan_all_writes_the_scale_table_and_the_readme_takes_it(monkeypatch, tm
   assert [r.split("|")[2].strip() for r in rows] == ["toy_none", "toy_plan", "toy_bad"] and "| 7.5 |" in rows[1]
   assert "Rows for toy_plan: planned by `python -m experiments plan --all --topology cpu-8` by the code of commit " \
       "abc123" in text and text.count("Full presets planned by") == 1
+  # a later merge takes a name off the earlier "Rows for" line, and drops the line once it names none
+  assert readme_lib.update_scale(str(readme), {**later, "commits": ["def456"]}, merge=True)
+  assert "Rows for toy_plan: planned by" in readme.read_text() and "abc123" not in readme.read_text()
