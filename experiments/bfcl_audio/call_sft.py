@@ -396,14 +396,14 @@ def main(argv=None) -> dict:
   the data against the preset's BFCL categories, trains, scores the held-out functions and prints the results."""
   import argparse
   import json
+  from experiments import registry
   from experiments.bfcl_audio import PRESETS
   from experiments._shared.chat_models import load_chat_model
   ap = argparse.ArgumentParser(description=main.__doc__)
   ap.add_argument("--preset", default="cpu", choices=sorted(PRESETS))
-  ap.add_argument("--set", action="append", default=[], help="a Config field, k=v (ints and floats parsed)")
+  ap.add_argument("--set", action="append", default=[], help="a Config field, k=v, as `experiments run` takes it")
   args = ap.parse_args(argv)
-  cfg = dataclasses.replace(PRESETS[args.preset], **{k: type(getattr(PRESETS[args.preset], k))(v)
-                                                     for k, v in (s.split("=", 1) for s in args.set)})
+  cfg = registry.config_for("bfcl_audio", args.preset, args.set)
   if cfg.sft_steps < 1:
     raise SystemExit(f"sft_steps is {cfg.sft_steps} at preset {args.preset!r}: pass --set sft_steps=N")
   t0 = time.time()
