@@ -13,7 +13,7 @@ stays frozen: `Config.trainable`):
   points_only    set-abstraction tokens of the room (xyz, rgb and the normalized position per point), MLP
   stllm_3d       point tokens after an MLP concatenated with the video and text tokens
   stllm_aligner  the Q-Former aligner (learned latents + video-patch and question queries cross-attending to
-                 the room's point features with their ray encoding) as an LM prefix, then the video tokens
+                 the room's point features, both with their ray encoding) as an LM prefix, then the video tokens
 Scores on held-out rooms: accuracy per task (`accuracy.<task>.<model>`: exact match, or with `--set
 judge_path=DIR` the share a local LLM judge calls correct, `judge.py`, exact match then kept as
 `exact.<task>.<model>`; `scorer` says which), their mean over the five tasks (`mean.<model>`) and over the four

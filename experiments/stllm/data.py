@@ -46,6 +46,8 @@ class Rows:
       out["frames"] = self.frames[rooms_B]
     if self.cfg.point_tokens or self.cfg.n_prefix:
       out.update(xyz=d.xyz[rooms_B], rgb=d.rgb[rooms_B], mask=d.mask[rooms_B], c2w=d.c2w[rooms_B])
+    if self.cfg.video_ray_freqs:
+      out["intrinsics"] = d.k[rooms_B]
     return out
 
   def train_batch(self, idx) -> dict:

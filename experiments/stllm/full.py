@@ -5,7 +5,8 @@ anything loads.
 REA rows (the reference's LLaVA-style JSON list): {"scene_id": "P01_01", "pointcloud": "<file>.npy" ([N, >= 6]:
 xyz, rgb in 0..255), "conversations": [{"value": question}, {"value": answer}], "metadata": {"query_start_frame",
 "query_stop_frame", and the task as "question_type" or "task"}, optional "c2ws": a folder of "<frame>.txt" 4x4
-camera-to-world matrices}. Frames: `frames_dir/<P01>/<P01_01>/frame_%010d.jpg` (or `frames_dir/<P01_01>/...`),
+camera-to-world matrices, "K": a text file of the frames' 3x3 intrinsics in their own pixels, scaled here to
+`room.image_size` as the reference scales them; needed with `ray_freqs` > 0, which encodes the video patches' rays}. Frames: `frames_dir/<P01>/<P01_01>/frame_%010d.jpg` (or `frames_dir/<P01_01>/...`),
 `room.n_frames` sampled uniformly from start to stop. The LM: a transformers directory with config.json,
 safetensors and tokenizer.json (the preset's Qwen/Qwen2-7B-Instruct once downloaded), loaded as `lm_config` says;
 the video and point placeholders take the last two ids of its embedding table.
@@ -85,7 +86,7 @@ def load_split(path: str, cfg) -> rea.Data:
   from PIL import Image
   rows, rc = read_rows(path), cfg.room
   rng = np.random.default_rng(cfg.seed)
-  qs, xyz, rgb, mask, frames, c2ws = [], [], [], [], [], []
+  qs, xyz, rgb, mask, frames, c2ws, ks = [], [], [], [], [], [], []
   for i, r in enumerate(rows):
     meta = r["metadata"]
     task = TASK_NAMES[str(meta.get("question_type", meta.get("task"))).lower()]
@@ -108,8 +109,11 @@ def load_split(path: str, cfg) -> rea.Data:
       f = os.path.join(d, f"frame_{k:010d}.jpg")
       if not os.path.isfile(f):
         raise FileNotFoundError(f"{path} row {i}: frame {f} not found")
-      fr.append(np.asarray(Image.open(f).convert("RGB").resize((rc.image_size,) * 2, Image.BICUBIC), np.float32) / 255)
+      im = Image.open(f)
+      size_wh = im.size
+      fr.append(np.asarray(im.convert("RGB").resize((rc.image_size,) * 2, Image.BICUBIC), np.float32) / 255)
     frames.append(np.stack(fr))
+    ks.append(_intrinsics(cfg, r, i, path, size_wh))
     cams = np.tile(np.eye(4, dtype=np.float32), (rc.n_frames, 1, 1))
     if r.get("c2ws"):
       for j, k in enumerate(idx):
@@ -117,7 +121,27 @@ def load_split(path: str, cfg) -> rea.Data:
         if os.path.isfile(p):
           cams[j] = np.loadtxt(p).reshape(4, 4)
     c2ws.append(cams)
-  return rea.Data(qs, np.stack(xyz), np.stack(rgb), np.stack(mask), np.stack(frames), np.stack(c2ws), [])
+  return rea.Data(qs, np.stack(xyz), np.stack(rgb), np.stack(mask), np.stack(frames), np.stack(c2ws), np.stack(ks), [])
+
+
+def _intrinsics(cfg, row: dict, i: int, path: str, size_wh) -> np.ndarray:
+  """[3, 3] float32: the row's "K" file scaled from its frames' width x height to `room.image_size` square
+  (fx, cx by the width's factor, fy, cy by the height's); without one, a placeholder that nothing reads (allowed
+  only with ray_freqs=0)."""
+  s = cfg.room.image_size
+  if not row.get("K"):
+    if cfg.ray_freqs:
+      raise ValueError(f"{path} row {i}: no \"K\" (the frames' intrinsics file), which ray_freqs={cfg.ray_freqs} "
+                       "needs for the video patches' rays; set ray_freqs=0 to run without ray encoding")
+    return np.array([[s, 0, s / 2], [0, s, s / 2], [0, 0, 1]], np.float32)
+  p = os.path.join(cfg.points_dir, row["K"])
+  if not os.path.isfile(p):
+    raise FileNotFoundError(f"{path} row {i}: intrinsics file {p} not found")
+  k = np.loadtxt(p).reshape(3, 3)
+  k[0] *= s / size_wh[0]
+  k[1] *= s / size_wh[1]
+  k[2] = (0, 0, 1)
+  return k.astype(np.float32)
 
 
 PARAM_DTYPE, COMPUTE_DTYPE = "float32", "bfloat16"  # the LM's params (AdamW's master copy) and compute dtype

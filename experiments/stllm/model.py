@@ -8,7 +8,11 @@ features as `jaxlab.models.multimodal` splices them:
   stllm_aligner  the video tokens, and ahead of all the Q-Former aligner's prefix (`models.qformer`): its
                  latents, the raw video tokens and the question's embeddings as queries, cross-attending to the
                  room's point features with their ray encoding in the first frame's camera; no point tokens
-                 (the reference's "learnable queries ... followed by egocentric video").
+                 (the reference's "learnable queries ... followed by egocentric video"). With `video_ray_freqs`
+                 > 0 its video queries carry their patches' ray encoding too (`pointcloud.frame_ray_embedding`:
+                 each frame's pixel rays relative to the first frame, pooled to the patch grid, linearly mapped to
+                 the video width and added before the Q-Former's video projection; the reference adds its map
+                 after its own projection of the features, the same sum of two linear maps).
 
 Axes: B batch, T tokens, F frames, N points, K prefix latents, D LM width, V vocab.
 """
@@ -60,12 +64,19 @@ class ModelConfig:
   aligner: qformer.Config  # its encoder / video / text / out widths are checked against the others
   video_id: int = 3
   points_id: int = 5
+  video_ray_freqs: int = 0  # L of the aligner's video-patch ray encoding (0: none)
 
   def __post_init__(self):
     def bad(msg):
       raise ValueError(f"stllm.ModelConfig: {msg}")
     if self.kind not in MODELS:
       bad(f"kind must be one of {MODELS}, found {self.kind!r}")
+    if self.video_ray_freqs < 0 or (self.video_ray_freqs and self.kind != "stllm_aligner"):
+      bad(f"video_ray_freqs (>= 0) encodes the aligner's video queries only, found {self.video_ray_freqs} for "
+          f"{self.kind}")
+    g = self.video.features.vision.grid // self.video.spatial_pool
+    if self.video_ray_freqs and self.video.tokens_per_frame != g * g:
+      bad(f"video rays need one token per pooled patch ({g * g} a frame), found {self.video.tokens_per_frame}")
     q, want = self.aligner, (self.points.width, self.video.width, self.text.d_model, self.text.d_model)
     if self.kind == "stllm_aligner" and (q.encoder_width, q.video_width, q.text_width, q.out_width) != want:
       bad(f"aligner (encoder, video, text, out) widths must be {want}, found "
@@ -107,13 +118,17 @@ def init(cfg: ModelConfig, key, lm_params=None) -> dict:
   if cfg.n_prefix:
     kp, kq = jax.random.split(ks[5])
     params["aligner"] = {"points": pointcloud.init(cfg.points, kp), "qformer": qformer.init(cfg.aligner, kq)}
+    if cfg.video_ray_freqs:
+      params["aligner"]["video_rays"] = {"ray_proj": layers.linear_init(
+          jax.random.fold_in(kq, 1), pointcloud.ray_width(cfg.video_ray_freqs), cfg.video.width, bias=True,
+          std=cfg.text.init_std, dtype=jnp.dtype(cfg.text.param_dtype))}
   return params
 
 
 def forward(params, batch: dict, cfg: ModelConfig):
   """[B, T, V] logits over the token positions (the prefix's dropped). `batch`: "tokens" [B, T], and as the
   model needs them "frames" [B, F, H, W, 3], "xyz"/"rgb" [B, N, 3], "mask" [B, N], "c2w" [B, F, 4, 4],
-  "question_mask" [B, T] (the aligner's text queries)."""
+  "intrinsics" [B, 3, 3] (the aligner's video rays), "question_mask" [B, T] (the aligner's text queries)."""
   tokens = jnp.asarray(batch["tokens"])
   dt = jnp.dtype(cfg.text.dtype)
   x = layers.embed(params["lm"]["embed"], tokens, dt)
@@ -129,6 +144,8 @@ def forward(params, batch: dict, cfg: ModelConfig):
     return tfm.forward(params["lm"], tokens, cfg.text, inputs_embeds_BTD=x).logits
   pts = pointcloud.encode(params["aligner"]["points"], batch["xyz"], batch["rgb"], cfg.points, mask_BN=batch["mask"],
                           c2w_B44=batch["c2w"][:, 0] if cfg.points.ray_freqs else None)
+  if cfg.video_ray_freqs:
+    vid = vid + video_rays(params["aligner"]["video_rays"], batch["c2w"], batch["intrinsics"], cfg).astype(vid.dtype)
   pre = qformer.forward(params["aligner"]["qformer"], pts.features_BMC, cfg.aligner, points_mask_BS=pts.mask_BM,
                         video_BVX=vid, text_BTX=emb, text_mask_BT=batch["question_mask"]).prefix_BKO
   p = mm.prefix(x, pre)
@@ -136,6 +153,16 @@ def forward(params, batch: dict, cfg: ModelConfig):
   toks = jnp.pad(tokens, ((0, 0), (k, 0)))
   return tfm.forward(params["lm"], toks, cfg.text, inputs_embeds_BTD=p.embeds_BTD,
                      attention_mask_BT=p.mask_BT).logits[:, k:]
+
+
+def video_rays(params, c2w_BF44, k_B33, cfg: ModelConfig):
+  """[B, F * P, video width]: each video token's ray encoding, frame-major like `video.forward`'s tokens."""
+  v = cfg.video
+  size, grid = v.features.vision.image_size, v.features.vision.grid // v.spatial_pool
+  dirs = pointcloud.frame_viewdirs(jnp.asarray(c2w_BF44, jnp.float32), jnp.asarray(k_B33, jnp.float32), size, size)
+  emb = pointcloud.frame_ray_embedding(dirs, size, size, grid, cfg.video_ray_freqs)
+  out = layers.linear(params["ray_proj"], emb, jnp.dtype(cfg.text.dtype))
+  return out.reshape(out.shape[0], -1, out.shape[-1])
 
 
 def loss_fn(cfg: ModelConfig) -> losses.LossFn:

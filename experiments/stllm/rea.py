@@ -99,22 +99,23 @@ class Data(NamedTuple):
   mask: np.ndarray  # [R, N] bool
   frames: np.ndarray  # [R, F, H, W, 3] in [0, 1]
   c2w: np.ndarray  # [R, F, 4, 4]
+  k: np.ndarray  # [R, 3, 3] float32: the frames' pinhole intrinsics, in their pixels
   rooms: list  # rooms.Room (empty for file data)
 
 
 def generate(n_rooms: int, cfg: rooms.RoomConfig, seed: int) -> Data:
   """`n_rooms` rooms with their clips and five questions each."""
   rng = np.random.default_rng(seed)
-  qs, xyz, rgb, frames, c2ws, rs = [], [], [], [], [], []
+  qs, xyz, rgb, frames, c2ws, ks, rs = [], [], [], [], [], [], []
   for i in range(n_rooms):
     room = rooms.generate_room(cfg, rng)
     p, c = rooms.point_cloud(room, cfg)
-    f, c2w, _ = rooms.render_clip(room, cfg)
+    f, c2w, k = rooms.render_clip(room, cfg)
     qs += questions(room, i, cfg, rng)
-    xyz.append(p), rgb.append(c), frames.append(f), c2ws.append(c2w), rs.append(room)
+    xyz.append(p), rgb.append(c), frames.append(f), c2ws.append(c2w), ks.append(k), rs.append(room)
   xyz = np.stack(xyz)
   return Data(qs, xyz, np.stack(rgb), np.ones(xyz.shape[:2], bool), np.stack(frames).astype(np.float32),
-              np.stack(c2ws).astype(np.float32), rs)
+              np.stack(c2ws).astype(np.float32), np.stack(ks).astype(np.float32), rs)
 
 
 def scene_key(room: rooms.Room) -> dict:

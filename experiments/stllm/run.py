@@ -41,7 +41,8 @@ def model_config(cfg: Config, kind: str, text: tfm.Config, video_id: int, points
   aligner = qformer.Config(d_model=d, n_layers=cfg.aligner_layers, n_heads=4, d_ff=2 * d, encoder_width=w2,
                            cross_every=min(2, cfg.aligner_layers), n_latents=cfg.n_latents, out_width=d,
                            video_width=video.width, text_width=d)
-  return model_lib.ModelConfig(kind, text, video, points, aligner, video_id, points_id)
+  return model_lib.ModelConfig(kind, text, video, points, aligner, video_id, points_id,
+                               video_ray_freqs=cfg.ray_freqs if kind == "stllm_aligner" else 0)
 
 
 def point_features(d: rea.Data, size: float) -> rea.Data:
@@ -139,7 +140,8 @@ def _flops(mcfg: model_lib.ModelConfig, rows: int, length: int, train: bool, fro
   if mcfg.n_prefix:
     a = shapes["aligner"]
     per_row += per_n("aligner") * (count(a["points"]) * n +
-                                   count(a["qformer"]) * (mcfg.n_prefix + mcfg.video_tokens + length))
+                                   count(a["qformer"]) * (mcfg.n_prefix + mcfg.video_tokens + length) +
+                                   count(a.get("video_rays", {})) * mcfg.video_tokens)
   return per_row * rows / (1 if train else 3)
 
 
@@ -155,6 +157,8 @@ def _row_shapes(rc: rooms.RoomConfig, mcfg: model_lib.ModelConfig, n: int, lengt
   if mcfg.point_tokens or mcfg.n_prefix:
     shapes.update(xyz=((n, rc.n_points, 3), "float32"), rgb=((n, rc.n_points, 6), "float32"),
                   mask=((n, rc.n_points), "bool"), c2w=((n, rc.n_frames, 4, 4), "float32"))
+  if mcfg.video_ray_freqs:
+    shapes["intrinsics"] = ((n, 3, 3), "float32")
   return shapes
 
 

@@ -125,6 +125,40 @@ def test_composed_loss_sharded_equals_single_device(kind, data, tok):
   np.testing.assert_allclose(float(multi), float(single), rtol=2e-5)
 
 
+def test_aligner_video_queries_carry_each_patch_ray_by_brute_force(data, tok):
+  """Each video token's ray term: its patch's pixel rays (relative to the first camera, then times its world
+  rotation, as the reference), averaged, [d, sin(d 2^l), cos(d 2^l)], through the linear map; frame-major."""
+  cfg = ST.model_config(SMOKE, "stllm_aligner", text_cfg(tok), 3, 5)
+  assert cfg.video_ray_freqs == SMOKE.ray_freqs == 4
+  p = M.init(cfg, jax.random.PRNGKey(2))["aligner"]["video_rays"]["ray_proj"]
+  got = np.asarray(M.video_rays({"ray_proj": p}, data.c2w[:2], data.k[:2], cfg))
+  size, patch = SMOKE.room.image_size, SMOKE.patch
+  g, n_f = size // patch, SMOKE.room.n_frames
+  assert got.shape == (2, n_f * g * g, cfg.video.width)
+  for b in range(2):
+    c2w, k = data.c2w[b].astype(np.float64), data.k[b].astype(np.float64)
+    for f in range(n_f):
+      rel = np.linalg.inv(c2w[0]) @ c2w[f]
+      for i in range(g):
+        for j in range(g):
+          d = np.zeros(3)
+          for y in range(i * patch, (i + 1) * patch):
+            for x in range(j * patch, (j + 1) * patch):
+              ray = rel[:3, :3] @ [(x + 0.5 - k[0, 2]) / k[0, 0], (y + 0.5 - k[1, 2]) / k[1, 1], 1.0]
+              d += (ray / np.linalg.norm(ray)) @ c2w[0][:3, :3] / patch ** 2
+          df = (d[:, None] * 2.0 ** np.arange(4)).reshape(-1)
+          want = np.concatenate([d, np.sin(df), np.cos(df)]) @ np.asarray(p["kernel"]) + np.asarray(p["bias"])
+          np.testing.assert_allclose(got[b, f * g * g + i * g + j], want, atol=2e-5)
+  rows = D.Rows(tok, cfg, ST.point_features(data, 4.0), 8)
+  batch = rows.train_batch([0, 1])
+  np.testing.assert_array_equal(batch["intrinsics"], data.k[[data.questions[0].room, data.questions[1].room]])
+  params = M.init(cfg, jax.random.PRNGKey(1))
+  moved = {**batch, "intrinsics": batch["intrinsics"] * np.array([2.0, 2.0, 1.0])[:, None]}
+  assert not np.allclose(M.forward(params, batch, cfg), M.forward(params, moved, cfg))
+  with pytest.raises(ValueError, match="video_ray_freqs .* encodes the aligner's video queries only"):
+    M.ModelConfig("stllm_3d", cfg.text, cfg.video, cfg.points, cfg.aligner, video_ray_freqs=4)
+
+
 def test_every_model_parameter_has_axis_names(tok):
   for kind in M.MODELS:
     cfg = ST.model_config(SMOKE, kind, text_cfg(tok), 3, 5)
@@ -266,7 +300,8 @@ def test_full_preset_reads_rea_rows_points_frames_and_cameras(tmp_path):
   frames.mkdir(parents=True)
   for k in range(10, 41):
     Image.fromarray(np.full((8, 8, 3), k, np.uint8)).save(frames / f"frame_{k:010d}.jpg")
-  rows = [{"scene_id": "P01_01", "pointcloud": "P01_vert.npy", "c2ws": "poses",
+  np.savetxt(tmp_path / "pcd" / "K.txt", [[6.0, 0, 4.0], [0, 5.0, 3.0], [0, 0, 1]])
+  rows = [{"scene_id": "P01_01", "pointcloud": "P01_vert.npy", "c2ws": "poses", "K": "K.txt",
            "conversations": [{"value": "<image>\n<pointcloud> where is the cup  ?"}, {"value": "on the  table"}],
            "metadata": {"query_start_frame": 10, "query_stop_frame": 40, "question_type": "find my item"}}]
   (tmp_path / "rea.json").write_text(json.dumps(rows))
@@ -280,6 +315,12 @@ def test_full_preset_reads_rea_rows_points_frames_and_cameras(tmp_path):
   np.testing.assert_allclose(d.frames[0, :, 0, 0, 0] * 255, [10, 20, 30, 40], atol=2)
   np.testing.assert_allclose(d.c2w[0, 0], np.diag([1.0, 2.0, 3.0, 1.0]))
   np.testing.assert_allclose(d.c2w[0, 1], np.eye(4))  # no pose file for frame 20
+  np.testing.assert_allclose(d.k[0], [[12.0, 0, 8.0], [0, 10.0, 6.0], [0, 0, 1]])  # 8 x 8 frames read at 16 x 16
+  del rows[0]["K"]
+  (tmp_path / "rea.json").write_text(json.dumps(rows))
+  with pytest.raises(ValueError, match=r"row 0: no \"K\" .* ray_freqs=4 needs for the video patches' rays"):
+    full.load_split(str(tmp_path / "rea.json"), cfg)
+  assert full.load_split(str(tmp_path / "rea.json"), dataclasses.replace(cfg, ray_freqs=0)).k.shape == (1, 3, 3)
 
 
 @pytest.mark.slow  # CI's smoke reproduce runs the same preset
