@@ -142,6 +142,10 @@ def score(items, outputs, transcripts=None) -> list[dict]:
 
 
 def _summarize(suite: str, scored, res: dict) -> None:
+  """Accuracy per category and overall, irrelevance and failure counts into `res`; each scored item's AST
+  validity, in item order, under res["per_item"] (the claims' paired intervals between suites)."""
+  res.setdefault("per_item", {})[f"ast_accuracy.{suite}.overall"] = [
+      float(s["valid"]) for s in scored if "irrelevance" not in s["category"]]
   by_cat = collections.defaultdict(list)
   for s in scored:
     by_cat[s["category"]].append(s["valid"])

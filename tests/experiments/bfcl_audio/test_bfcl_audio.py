@@ -144,6 +144,7 @@ def test_scripted_llm_scores_one_on_text_and_empty_answers_fail_as_format_errors
   for c in cfg.categories:
     assert res[f"ast_accuracy.text.{c}" if c != "irrelevance" else "irrelevance.text"] == 1.0
   assert res["ast_accuracy.text.overall"] == 1.0 and sum(res[f"failures.text.{k}"] for k in exp.FAILURES) == 0
+  assert res["per_item"] == {"ast_accuracy.text.overall": [1.0] * 3 * 6}  # irrelevance items are not AST items
   rows = [json.loads(x) for x in (tmp_path / "text.jsonl").read_text().splitlines()]
   assert len(rows) == 4 * 6 and all(r["valid"] for r in rows)
   res = run_exp.run_with(cfg, str(tmp_path), lambda reqs: ["" for _ in reqs])
@@ -189,6 +190,7 @@ def test_text_audio_path_with_real_speech_and_whisper(tmp_path, transcribe):
   res = run_exp.run_with(cfg, str(tmp_path), reads_numbers, transcribe)
   assert res["wer.clean"] < 0.35
   assert res["ast_accuracy.text_audio.simple"] == 1.0  # Whisper heard "10" and "5", then "5"
+  assert res["per_item"] == {"ast_accuracy.text_audio.overall": [1.0, 1.0]}  # the clean clips, in item order
   for k in ("wer.white_20db", "wer.homophones", "ast_accuracy.text_audio.white_20db", "ast_accuracy.text_audio.clean",
             "drop.white", "drop.homophones", "worst_factor", "ast_accuracy.text_audio.snr_20db"):
     assert k in res
@@ -279,3 +281,9 @@ def test_claims_need_a_real_drop_and_a_model_that_calls_functions():
   text = {"ast_accuracy.text.overall": 0.3, "ast_accuracy.text_audio.overall": 0.2}
   assert claims_lib.holds(claims["text_beats_audio"], text) is True
   assert claims_lib.holds(claims["text_beats_audio"], dict.fromkeys(text, 0.0)) is False  # never calls a function
+  # with per-item scores the verdict is the paired interval of text - audio: one item better is no evidence
+  one = {"ast_accuracy.text.overall": [1.0] + [0.0] * 23, "ast_accuracy.text_audio.overall": [0.0] * 24}
+  v = claims_lib.verdict(claims["text_beats_audio"], [{**text}], "cpu", [one])
+  assert v["verdict"].startswith("inconclusive") and "paired" in v["interval"]
+  many = {"ast_accuracy.text.overall": [1.0] * 24, "ast_accuracy.text_audio.overall": [1.0] * 8 + [0.0] * 16}
+  assert claims_lib.verdict(claims["text_beats_audio"], [{**text}], "cpu", [many])["verdict"] == "reproduced"
