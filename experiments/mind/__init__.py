@@ -122,8 +122,9 @@ registry.register(registry.Experiment(
     paper="mind", claims=(
         Claim("accuracy", "MIND answers more questions right than single-rationale SFT at equal steps",
               "MIND above single-rationale reasoning baselines on ScienceQA, A-OKVQA and M3CoT (main tables)",
-              "{accuracy.mind} > {accuracy.sft_rationale}"),
+              "{accuracy.mind} > {accuracy.sft_rationale}", diff=("accuracy.mind", "accuracy.sft_rationale")),
         Claim("misleading", "MIND stays more accurate than single-rationale SFT under misleading cues",
               "single-rationale MLLMs are 'susceptible to misleading interpretations' (abstract); MIND targets this",
-              "{accuracy_misleading.mind} > {accuracy_misleading.sft_rationale}"),
+              "{accuracy_misleading.mind} > {accuracy_misleading.sft_rationale}",
+              diff=("accuracy_misleading.mind", "accuracy_misleading.sft_rationale")),
     )))

@@ -233,18 +233,24 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   longest = max(len(enc.prompt(q)) for split in (test_q, test_mis) if split for q in split.questions)
   len1, len2 = longest + new1, longest + new1 + 2 + new2
   evals = {"": test_q} if test_mis is None else {"": test_q, "_misleading": test_mis}
-  outputs = {}
+  outputs, items = {}, {}  # items: each test question's 0/1 per method, in question order (the claims' intervals)
   for suffix, split in evals.items():
     answers = [q.answer for q in split.questions]
+
+    def score(key, out, answers=answers):
+      right = [float(data_lib.final_answer(o) == a) for o, a in zip(out, answers)]
+      items[key] = right
+      return float(np.mean(right)) if right else 0.0
+
     for method, new in (("sft_answer", 4), ("sft_rationale", new1)):
       out = outputs[method + suffix] = enc.generate(models[method], split, None, cfg.eval_batch, new, len1)
-      res[f"accuracy{suffix}.{method}"] = _accuracy([data_lib.final_answer(o) for o in out], answers)
+      res[f"accuracy{suffix}.{method}"] = score(f"accuracy{suffix}.{method}", out)
     for name in ("mind", "mind_no_mca") if not suffix else ("mind",):
       p1, p2 = models[name]
       r1 = outputs[f"{name}.phase1{suffix}"] = enc.generate(p1, split, None, cfg.eval_batch, new1, len1)
       given = [data_lib.rationale_of(o) for o in r1]
       out = outputs[name + suffix] = enc.generate(p2, split, given, cfg.eval_batch, new2, len2)
-      acc = _accuracy([data_lib.final_answer(o) for o in out], answers)
+      acc = score(f"accuracy{suffix}.{name}", out)
       if name == "mind":
         res[f"accuracy{suffix}.mind"] = acc
         res[f"verdict_wrong_share{suffix}.mind"] = float(np.mean([data_lib.verdict(o) == "wrong" for o in out]))
@@ -260,7 +266,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     got = [f for f, fl in zip(fixed, flaws) if fl == flaw]
     if got:
       res[f"correction_rate.mind.{flaw}"] = float(np.mean(got))
-  res["steps"] = steps
+  res["steps"], res["per_item"] = steps, items
   if jax.process_index() == 0:
     with open(os.path.join(out_dir, "samples.json"), "w") as f:
       json.dump([{"question": q.prompt, "answer": q.answer, "given_negative": given[i],

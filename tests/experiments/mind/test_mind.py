@@ -339,6 +339,10 @@ def test_smoke_preset_from_the_cli_writes_every_key(tmp_path):
   keys += ["correction_rate.mind", "mca_ablation.accuracy"]
   assert not [k for k in keys if k not in res]
   assert all(0 <= res[k] <= 1 for k in keys) and res["test.questions"] == EXP.presets["smoke"].n_test_scenes
+  items = json.loads((tmp_path / "runs" / "mind" / "items.json").read_text())  # per question, for the intervals
+  for k in keys[:6]:
+    assert len(items[k]) == res["test.questions"] and np.mean(items[k]) == pytest.approx(res[k]), k
+  assert np.mean(items["accuracy.mind_no_mca"]) == pytest.approx(res["mca_ablation.accuracy"])
   samples = json.loads((tmp_path / "runs" / "mind" / "samples.json").read_text())
   assert samples and {"question", "answer", "mind", "sft_rationale"} <= set(samples[0])
 
