@@ -87,6 +87,8 @@ def _parser() -> argparse.ArgumentParser:
                  "exists)")
   m.add_argument("--merge", action="store_true",
                  help="replace only the rows of the papers this report ran, and name the report above the table")
+  m.add_argument("--publish", metavar="DIR/STEM", help="also keep the report in the repository: DIR/STEM-claims.json "
+                 "and DIR/STEM-report.md, linked from DIR, plots named (e.g. experiments/reports/cpu-2026-12-07)")
   g.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
   j = sub.add_parser("judge", help="judge a finished run's claims again with the claims as declared now")
   j.add_argument("path", help="a run directory, its results.json, or a reproduce root (its claims.json)")
@@ -202,6 +204,12 @@ def _readme(args) -> int:
       report = json.load(f)
     changed = readme_lib.update(args.readme, report, merge=args.merge)
     print(f"{args.readme}: paper table {'rewritten' if changed else 'already current'} from {args.claims}")
+    if args.publish:
+      from experiments.runner import report as report_lib
+      paths = report_lib.publish(report, os.path.dirname(args.publish) or ".", os.path.basename(args.publish))
+      print(f"kept as {' and '.join(paths)}")
+  elif args.publish:
+    raise FileNotFoundError(f"readme --publish: {args.claims} (the report to keep) does not exist")
   if os.path.exists(args.plan):
     with open(args.plan) as f:
       changed = readme_lib.update_scale(args.readme, json.load(f), merge=args.merge)

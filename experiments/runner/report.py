@@ -137,11 +137,12 @@ def duration(s: float) -> str:
   return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def write_report(root: str, report: dict) -> str:
-  """`root/report.md` from a claims report (`reproduce.build`): the command and commits, the papers table, the
+def write_report(root: str, report: dict, filename: str = "report.md", link_plots: bool = True) -> str:
+  """`root/filename` from a claims report (`reproduce.build`): the command and commits, the papers table, the
   experiments skipped for a missing tool or package, then per paper its claims, its harness checks apart, each run's
-  results and plots, then the experiments that belong to no paper."""
-  path = os.path.join(root, "report.md")
+  results and plots (images linked from `root`, or with `link_plots=False` named as files of the run directory, for
+  a copy kept apart from the runs), then the experiments that belong to no paper."""
+  path = os.path.join(root, filename)
   m = report["machine"]
   lines = [f"# jaxlab claims report (preset {report['preset']})", "",
            f"Generated {report['generated']} on {m['processor']}, {m['cpus']} CPUs, {m['backend']} x "
@@ -163,7 +164,11 @@ def write_report(root: str, report: dict) -> str:
       return out + [f"**Skipped:** {e['skipped']}", ""]
     for run_dir, results in zip(e.get("run_dirs", []), e.get("results_per_seed", [])):
       out += [f"Run directory: `{run_dir}`", "", results_table(results), ""]
-      out += [f"![{name}: {p}]({os.path.relpath(os.path.join(run_dir, p), root)})" for p in plots_in(run_dir)]
+      plots = plots_in(run_dir)
+      if link_plots:
+        out += [f"![{name}: {p}]({os.path.relpath(os.path.join(run_dir, p), root)})" for p in plots]
+      elif plots:
+        out.append("Plots in the run directory: " + ", ".join(f"`{p}`" for p in plots) + ".")
       out.append("")
     return out
 
@@ -211,3 +216,14 @@ def describe_config(exp) -> str:
   rows += [(k, overrides.type_name(tp), *(fmt(v.get(k, "-")) for v in values.values())) for k, tp in hints.items()]
   widths = [min(40, max(len(str(r[i])) for r in rows)) for i in range(len(rows[0]))]
   return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def publish(report: dict, directory: str, stem: str) -> tuple[str, str]:
+  """(claims, report) written as `directory/stem-claims.json` and `directory/stem-report.md`, the report's links
+  relative to `directory` (a folder of the repository that keeps reports beside the code, e.g. experiments/reports)
+  and its plots named, not linked (the run directories stay out of the repository)."""
+  os.makedirs(directory, exist_ok=True)
+  claims = os.path.join(directory, f"{stem}-claims.json")
+  with open(claims, "w") as f:
+    json.dump(report, f, indent=1, default=str)
+  return claims, write_report(directory, report, f"{stem}-report.md", link_plots=False)

@@ -4,6 +4,7 @@ read back only from the same code, and `judge`."""
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -152,6 +153,16 @@ def test_readme_table_is_generated_from_the_report(toy, tmp_path):
   assert "ours reaches a lower loss than the baseline: **reproduced** (loss.ours 1, loss.base 1.5)" in row
   assert "| polar | Program-of-Layers | - | not yet implemented |" in text
   assert not readme_lib.update(str(readme), json.load(open(f"{root}/claims.json")))  # idempotent
+  # --publish keeps the report beside the code: its links resolve from there, the run's plots are named only
+  open(os.path.join(root, "toy_a", "curve.png"), "wb").close()
+  keep = tmp_path / "repo" / "reports"
+  assert cli.main(["readme", "--claims", f"{root}/claims.json", "--readme", str(readme), "--plan", f"{root}/none",
+                   "--publish", str(keep / "cpu-x")]) == 0
+  assert json.load(open(keep / "cpu-x-claims.json")) == json.load(open(f"{root}/claims.json"))
+  page = (keep / "cpu-x-report.md").read_text()
+  assert "Plots in the run directory: `curve.png`." in page and "![" not in page
+  links = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", page)]
+  assert links and all(os.path.exists(keep / t) for t in links), links
 
 
 def test_readme_merge_replaces_only_the_rows_of_papers_the_report_ran(toy, tmp_path):
@@ -415,3 +426,18 @@ def test_readme_merge_takes_replaced_papers_off_earlier_row_notes():
            "Rows for polar: claims checked by `b`."]
   assert readme_lib._notes(notes, ["mind", "polar"]) == ["Claims checked by x:",
                                                          "Rows for scale, cdka: claims checked by `a` at commit 1."]
+
+
+def test_every_relative_link_in_the_committed_markdown_resolves():
+  """README.md, the papers' READMEs and the committed claims reports link only to files in the repository."""
+  import glob
+  repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  pages = [os.path.join(repo, "README.md"), *glob.glob(os.path.join(repo, "experiments", "*", "README.md")),
+           *glob.glob(os.path.join(repo, "experiments", "reports", "*.md"))]
+  broken = []
+  for page in pages:
+    for target in re.findall(r"\]\(([^)\s]+)\)", open(page).read()):
+      path = target.split("#")[0]
+      if path and "://" not in path and not os.path.exists(os.path.join(os.path.dirname(page), path)):
+        broken.append(f"{os.path.relpath(page, repo)} -> {target}")
+  assert not broken, broken
