@@ -445,6 +445,46 @@ def bench_serve(argv) -> dict:
           "load_avg_1m": os.getloadavg()[0]}
 
 
+def bench_rollout(argv) -> dict:
+  """GRPO rollouts (`jaxlab.rl.sample_rollout`, G samples of each of P chat prompts at temperature 1, ending at the
+  model's end of turn) with all B = P * G rows in one `sample` batch against continuous batching with `slots` slots.
+  The two draw different samples (one batch key against a key per row), so each is reported as its generated
+  tokens/s (the best of alternating rounds), with their ratio `continuous_vs_one_batch` and the tokens drawn."""
+  p = _parser("rollout", hf=False)
+  p.set_defaults(model="smollm2-135m-instruct")
+  p.add_argument("--prompts", type=int, default=8)
+  p.add_argument("--group", type=int, default=8)
+  p.add_argument("--slots", type=int, default=16)
+  p.add_argument("--new-tokens", type=int, default=64)
+  p.add_argument("--repeats", type=int, default=2)
+  args = p.parse_args(argv)
+  import jax
+  from jaxlab.rl import sample_rollout
+  cfg, params, _, gguf = _generate_models(args.model, args.dtype, False)
+  if not gguf:
+    raise SystemExit("bench rollout needs a GGUF chat model (its chat template), e.g. smollm2-135m-instruct")
+  rows = _chat_prompts(gguf, args.prompts)
+  kinds = {"one_batch": None, "continuous": args.slots}
+
+  def roll(name, r):
+    ro = sample_rollout(params, cfg, rows, [{}] * len(rows), group_size=args.group, max_new_tokens=args.new_tokens,
+                        key=jax.random.key(r), temperature=1.0, slots=kinds[name])
+    return int(ro.completion_mask.sum())
+  for name in kinds:
+    roll(name, 0)  # compiles
+  speed, drawn = {k: 0.0 for k in kinds}, {k: [] for k in kinds}
+  for r in range(args.repeats):
+    for name in list(kinds)[::1 if r % 2 == 0 else -1]:
+      t0 = time.perf_counter()
+      n = roll(name, r + 1)
+      speed[name] = max(speed[name], n / (time.perf_counter() - t0))
+      drawn[name].append(n)
+  return {"model": args.model, "rows": args.prompts * args.group, "slots": args.slots, "new_tokens": args.new_tokens,
+          "tokens_drawn": drawn, "one_batch_tokens_per_s": speed["one_batch"],
+          "continuous_tokens_per_s": speed["continuous"],
+          "continuous_vs_one_batch": speed["continuous"] / speed["one_batch"], "load_avg_1m": os.getloadavg()[0]}
+
+
 registry.register_bench("train_step", bench_train_step,
                         "llama-60m train step (fwd+bwd+AdamW) tokens/s and MFU, jaxlab vs transformers eager")
 registry.register_bench("generate", bench_generate,
@@ -452,6 +492,9 @@ registry.register_bench("generate", bench_generate,
                         "generate (and llama.cpp on a GGUF model)")
 registry.register_bench("serve", bench_serve,
                         "many chat requests of different answer lengths: continuous batching vs static batches, "
+                        "tokens/s")
+registry.register_bench("rollout", bench_rollout,
+                        "GRPO rollouts of G samples per prompt: every row in one sample batch vs continuous batching, "
                         "tokens/s")
 registry.register_bench("input", bench_input,
                         "LM input pipeline tokens/s per reader-thread count; train loop with the next batch read "

@@ -30,12 +30,16 @@ from jaxlab.generate.sampling import _choose, layer_list_cache, layer_list_forwa
 
 
 def _pick(logits_BV, keys_B, greedy, temperature, top_k, top_p):
-  return jax.vmap(lambda lv, k: _choose(lv[None], k, greedy, temperature, top_k, top_p)[0])(logits_BV, keys_B)
+  """(tokens [B], their log-probabilities [B] under log_softmax(logits / temperature), as `sampling.sample`)."""
+  tok = jax.vmap(lambda lv, k: _choose(lv[None], k, greedy, temperature, top_k, top_p)[0])(logits_BV, keys_B)
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits_BV / temperature, axis=-1), tok[:, None], axis=-1)[:, 0]
+  return tok, logp
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "greedy", "top_k"), donate_argnames=("cache",))
 def _admit(params, cache, row, tokens_1T, mask_1T, key, temperature, top_p, *, cfg, greedy, top_k):
-  """Prefills one prompt into ring row `row` ending just before the shared index; returns (cache, first token)."""
+  """Prefills one prompt into ring row `row` ending just before the shared index; returns (cache, first token,
+  its log-probability)."""
   t, s = tokens_1T.shape[1], cache["pos"].shape[1]
   out = layer_list_forward(params, tokens_1T, cfg, attention_mask_BT=mask_1T, cache=layer_list_cache(cfg, 1, t),
                            logits_at_B=jnp.asarray([t - 1]))
@@ -44,25 +48,25 @@ def _admit(params, cache, row, tokens_1T, mask_1T, key, temperature, top_p, *, c
     return big.at[row, :, at].set(jnp.swapaxes(small[0], 0, 1))
   ks, vs = tuple(map(put, cache["k"], out.cache["k"])), tuple(map(put, cache["v"], out.cache["v"]))
   pos = cache["pos"].at[row].set(jnp.full((s,), -1, jnp.int32).at[at].set(out.cache["pos"][0]))
-  tok = _pick(out.logits[:, 0].astype(jnp.float32), key[None], greedy, temperature, top_k, top_p)[0]
-  return {"k": ks, "v": vs, "pos": pos, "index": cache["index"]}, tok
+  tok, logp = _pick(out.logits[:, 0].astype(jnp.float32), key[None], greedy, temperature, top_k, top_p)
+  return {"k": ks, "v": vs, "pos": pos, "index": cache["index"]}, tok[0], logp[0]
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "greedy", "top_k"), donate_argnames=("cache",))
 def _step(params, cache, tok_B, live_B, key, request_B, drawn_B, temperature, top_p, *, cfg, greedy, top_k):
   """One token for every slot (a free slot's token is written with position -1: never attended); slot b's request
-  `request_B[b]` draws its token `drawn_B[b]`."""
+  `request_B[b]` draws its token `drawn_B[b]`; returns (cache, tokens, their log-probabilities)."""
   out = layer_list_forward(params, tok_B[:, None], cfg, attention_mask_BT=live_B[:, None].astype(jnp.int32),
                            cache=cache)
   keys_B = jax.vmap(lambda r, j: jax.random.fold_in(jax.random.fold_in(key, r), j))(request_B, drawn_B)
-  nxt = _pick(out.logits[:, -1].astype(jnp.float32), keys_B, greedy, temperature, top_k, top_p)
-  return {**out.cache, "index": out.cache["index"] % cache["pos"].shape[1]}, nxt
+  nxt, logp = _pick(out.logits[:, -1].astype(jnp.float32), keys_B, greedy, temperature, top_k, top_p)
+  return {**out.cache, "index": out.cache["index"] % cache["pos"].shape[1]}, nxt, logp
 
 
 def generate(params, cfg, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, slots: int = 8,
              capacity: int | None = None, temperature: float = 0.0, top_k: int | None = None,
              top_p: float | None = None, key=None, stop_tokens: Sequence[int] = (), weights: str = "fp32",
-             stats: dict | None = None) -> list[list[int]]:
+             stats: dict | None = None, return_logprobs: bool = False):
   """Generates up to `max_new_tokens` after every prompt with `slots` sequences decoded at a time.
 
   Args:
@@ -77,9 +81,11 @@ def generate(params, cfg, prompts: Sequence[Sequence[int]], max_new_tokens: int,
     stop_tokens: ids that end a request (with `cfg.eos_token_id`); the stop token is kept in its output.
     weights: "fp32", "bf16" or "int8", as in `sampling.sample`.
     stats: filled with "steps" (decode steps run) and "admitted" (prefills) when given.
+    return_logprobs: also return each new token's log-probability under `log_softmax(logits / temperature)`
+      (temperature 1 when greedy), as `sampling.sample`'s `logprobs` (RL's old-policy log-probs).
 
   Returns:
-    Each prompt's new tokens, in the order of `prompts`.
+    Each prompt's new tokens, in the order of `prompts`; with `return_logprobs`, (those, their log-probabilities).
   """
   if not prompts or min(len(p) for p in prompts) < 1:
     raise ValueError("continuous.generate: expected a non-empty list of non-empty prompts")
@@ -101,6 +107,7 @@ def generate(params, cfg, prompts: Sequence[Sequence[int]], max_new_tokens: int,
   cache = layer_list_cache(cfg, slots, s)
   cache = {**cache, "v": tuple(jnp.zeros_like(a) for a in cache["v"])}  # k and v share arrays there; both donated
   outputs: list[list[int]] = [[] for _ in prompts]
+  logps: list[list[float]] = [[] for _ in prompts]
   owner = [-1] * slots  # the request each slot serves
   tok = np.zeros(slots, np.int32)
   waiting = list(range(len(prompts)))[::-1]
@@ -114,10 +121,11 @@ def generate(params, cfg, prompts: Sequence[Sequence[int]], max_new_tokens: int,
       while owner[b] < 0 and waiting:
         i = waiting.pop()
         toks, mask = prefix_lib.left_pad([list(prompts[i])], 0)
-        cache, first = _admit(params, cache, jnp.int32(b), jnp.asarray(toks), jnp.asarray(mask),
-                              jax.random.fold_in(jax.random.fold_in(key, i), 0), temp, p_mass, **static)
+        cache, first, lp = _admit(params, cache, jnp.int32(b), jnp.asarray(toks), jnp.asarray(mask),
+                                  jax.random.fold_in(jax.random.fold_in(key, i), 0), temp, p_mass, **static)
         n_admitted += 1
         outputs[i].append(int(first))
+        logps[i].append(float(lp))
         if not finished(i):
           owner[b], tok[b] = i, int(first)
     live = np.asarray([o >= 0 for o in owner])
@@ -125,16 +133,17 @@ def generate(params, cfg, prompts: Sequence[Sequence[int]], max_new_tokens: int,
       continue
     request = np.asarray([max(o, 0) for o in owner], np.int32)
     drawn = np.asarray([len(outputs[r]) for r in request], np.int32)
-    cache, nxt = _step(params, cache, jnp.asarray(tok), jnp.asarray(live), key, jnp.asarray(request),
-                       jnp.asarray(drawn), temp, p_mass, **static)
+    cache, nxt, lp = _step(params, cache, jnp.asarray(tok), jnp.asarray(live), key, jnp.asarray(request),
+                           jnp.asarray(drawn), temp, p_mass, **static)
     n_steps += 1
-    nxt = np.asarray(nxt)
+    nxt, lp = np.asarray(nxt), np.asarray(lp)
     for b, i in enumerate(owner):
       if i >= 0:
         outputs[i].append(int(nxt[b]))
+        logps[i].append(float(lp[b]))
         tok[b] = nxt[b]
         if finished(i):
           owner[b] = -1
   if stats is not None:
     stats.update(steps=n_steps, admitted=n_admitted)
-  return outputs
+  return (outputs, logps) if return_logprobs else outputs

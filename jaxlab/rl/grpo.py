@@ -35,6 +35,8 @@ class GRPOConfig:
   scale: advantage scaling, "std" or "none".
   updates_per_batch: gradient steps on each rollout batch (mu), all with the sampling policy's old log-probs.
   eps: added to the group std.
+  rollout_slots: rows decoded at a time by continuous batching (`rollout.sample_rollout`'s slots; 0: all B rows in
+    one batch).
   """
   prompts_per_batch: int = 2
   group_size: int = 4
@@ -51,6 +53,7 @@ class GRPOConfig:
   scale: Scale = "std"
   updates_per_batch: int = 1
   eps: float = 1e-4
+  rollout_slots: int = 0
 
   def __post_init__(self):
     def bad(msg):
@@ -58,6 +61,8 @@ class GRPOConfig:
     for name in ("prompts_per_batch", "group_size", "max_new_tokens", "updates_per_batch"):
       if getattr(self, name) < 1:
         bad(f"{name} must be >= 1, found {getattr(self, name)}")
+    if self.rollout_slots < 0:
+      bad(f"rollout_slots must be >= 0 (0: one batch), found {self.rollout_slots}")
     if self.temperature <= 0:
       bad(f"temperature must be positive (RL samples), found {self.temperature}")
     choices.check(self, bad, nested=False)

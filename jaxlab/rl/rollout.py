@@ -4,7 +4,10 @@
 `jaxlab.generate.sample` (stop tokens inside the compiled loop), then cuts each row after the first stop
 string found in its decoded text (the shortest token prefix whose text contains it), so the completion mask
 and log-probs cover exactly the tokens the reward sees. The log-probs are the old-policy log-probs of GRPO
-(arXiv 2402.03300): `log_softmax(logits / temperature)` of the sampled tokens.
+(arXiv 2402.03300): `log_softmax(logits / temperature)` of the sampled tokens. With `slots` < B the rows are
+decoded by continuous batching instead (`jaxlab.generate.continuous`: `slots` rows at a time, a finished row's slot
+refilled by the next; row i samples its own key stream `fold_in(key, i)`, the tokens `sample` gives it alone),
+so short completions stop costing decode steps; one-device decoding.
 
 Axes: B = P * G rows, T prompt length, N new tokens.
 """
@@ -15,7 +18,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from jaxlab import sharding as shd
-from jaxlab.generate import sampling
+from jaxlab.generate import continuous, prefix as prefix_lib, sampling
 from jaxlab.models import transformer as tfm
 
 
@@ -63,7 +66,7 @@ def sample_rollout(params, cfg: tfm.Config, prompts: Sequence[Sequence[int]], ex
                    group_size: int, max_new_tokens: int, key, temperature: float = 1.0, top_k: int | None = None,
                    top_p: float | None = None, stop_tokens: Sequence[int] = (), stop_strings: Sequence[str] = (),
                    decode: Callable[[list[int]], str] | None = None, pad_id: int | None = None,
-                   **sample_kw) -> Rollout:
+                   slots: int | None = None, **sample_kw) -> Rollout:
   """Samples `group_size` completions of every prompt in one batch.
 
   Args:
@@ -75,7 +78,8 @@ def sample_rollout(params, cfg: tfm.Config, prompts: Sequence[Sequence[int]], ex
     stop_strings: text ending a completion; needs `decode`.
     decode: token list -> text; also gives `Rollout.texts`.
     pad_id: filler of the token arrays (default the config's pad, else 0).
-    **sample_kw: passed to `sample` (e.g. weights, forward_fn).
+    slots: rows decoded at a time by continuous batching (None or >= B: every row in one `sample` batch).
+    **sample_kw: passed to `sample` (e.g. weights, forward_fn); with `slots`, only `weights`.
   """
   if len(prompts) != len(examples):
     raise ValueError(f"got {len(prompts)} prompts and {len(examples)} examples")
@@ -83,6 +87,14 @@ def sample_rollout(params, cfg: tfm.Config, prompts: Sequence[Sequence[int]], ex
     raise ValueError("stop_strings need a decode function")
   pad = int(pad_id if pad_id is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0))
   rows = repeat_groups([list(p) for p in prompts], group_size)
+  if slots is not None and slots < len(rows):
+    prompt, prompt_mask, tokens, mask, logp = _continuous(params, cfg, rows, max_new_tokens, slots, key, temperature,
+                                                           top_k, top_p, stop_tokens, pad, sample_kw)
+    if stop_strings:
+      tokens, mask, logp = truncate_at_stop_strings(tokens, mask, logp, decode, stop_strings, pad)
+    completions = [row[:int(m.sum())].tolist() for row, m in zip(tokens, mask)]
+    texts = [decode(c) for c in completions] if decode is not None else completions
+    return Rollout(prompt, prompt_mask, tokens, mask, logp, texts, repeat_groups(list(examples), group_size))
   out = sampling.sample(params, cfg, rows, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         key=key, stop_tokens=tuple(stop_tokens), pad_id=pad, return_logprobs=True, **sample_kw)
   tokens, mask, logp = (shd.to_numpy(x) for x in (out.tokens, out.completion_mask, out.logprobs))
@@ -92,6 +104,22 @@ def sample_rollout(params, cfg: tfm.Config, prompts: Sequence[Sequence[int]], ex
   texts = [decode(c) for c in completions] if decode is not None else completions
   return Rollout(shd.to_numpy(out.sequences)[:, :out.prompt_mask.shape[1]], shd.to_numpy(out.prompt_mask), tokens,
                  mask, logp, texts, repeat_groups(list(examples), group_size))
+
+
+def _continuous(params, cfg, rows, max_new_tokens, slots, key, temperature, top_k, top_p, stop_tokens, pad, kw):
+  """(prompt [B, T] left-padded, prompt_mask, tokens [B, N], completion_mask, logp [B, N]) by continuous batching."""
+  if set(kw) - {"weights"}:
+    raise ValueError(f"continuous-batching rollouts (slots={slots}) take only weights= of the sample arguments, "
+                     f"found {sorted(kw)}")
+  outs, logps = continuous.generate(params, cfg, rows, max_new_tokens, slots=slots, temperature=temperature,
+                                    top_k=top_k, top_p=top_p, key=key, stop_tokens=tuple(stop_tokens),
+                                    return_logprobs=True, **kw)
+  tokens = np.full((len(rows), max_new_tokens), pad, np.int32)
+  mask, logp = np.zeros(tokens.shape, np.int32), np.zeros(tokens.shape, np.float32)
+  for i, (o, lp) in enumerate(zip(outs, logps)):
+    tokens[i, :len(o)], mask[i, :len(o)], logp[i, :len(o)] = o, 1, lp
+  prompt, prompt_mask = prefix_lib.left_pad(rows, pad)
+  return prompt, prompt_mask, tokens, mask, logp
 
 
 def as_batch(ro: Rollout, advantages_B, ref_logp_BN=None) -> dict:

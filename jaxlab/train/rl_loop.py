@@ -150,7 +150,7 @@ def _run(state, model_cfg, gcfg, train_step, prompts, reward_fn, num_iterations,
                                       group_size=gcfg.group_size, max_new_tokens=gcfg.max_new_tokens, key=key,
                                       temperature=gcfg.temperature, top_k=gcfg.top_k, top_p=gcfg.top_p,
                                       stop_tokens=gcfg.stop_tokens, stop_strings=gcfg.stop_strings, decode=decode,
-                                      **sample_kw)
+                                      slots=gcfg.rollout_slots or None, **sample_kw)
       rewards = np.asarray(reward_fn(ro.texts, ro.examples), np.float32)
       adv = grpo_lib.group_advantages(rewards, gcfg.group_size, gcfg.scale, gcfg.eps)
       ref_logp = None

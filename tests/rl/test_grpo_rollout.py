@@ -68,6 +68,32 @@ def test_rollout_samples_groups_in_one_batch_with_teacher_forced_logprobs(tiny):
   np.testing.assert_allclose(ro.logp, np.asarray(logp) * ro.completion_mask, atol=1e-5)
 
 
+def test_continuous_rollout_rows_are_their_own_samples_with_teacher_forced_logprobs(tiny):
+  """With slots < B each row is what `sample` draws for it alone from `fold_in(key, row)`, stop tokens and
+  strings applied, and its log-probs are a teacher-forced forward's (0 outside the completion)."""
+  cfg, params = tiny
+  prompts, key = [[3, 4, 5, 6], [7, 8], [9]], jax.random.key(2)
+  ro = sample_rollout(params, cfg, prompts, [{"id": i} for i in range(3)], group_size=4, max_new_tokens=12,
+                      key=key, temperature=0.9, stop_tokens=(5,), stop_strings=["k"], decode=decode, slots=3)
+  assert ro.tokens.shape == (12, 12) and ro.prompt.shape[0] == 12
+  for i, prompt in enumerate([p for p in prompts for _ in range(4)]):
+    alone = sample_rollout(params, cfg, [prompt], [{}], group_size=1, max_new_tokens=12, key=jax.random.fold_in(key, i),
+                           temperature=0.9, stop_tokens=(5,), stop_strings=["k"], decode=decode)
+    n = int(alone.completion_mask[0].sum())
+    assert ro.texts[i] == alone.texts[0] and int(ro.completion_mask[i].sum()) == n
+    np.testing.assert_array_equal(ro.tokens[i, :n], alone.tokens[0, :n])
+    np.testing.assert_allclose(ro.logp[i, :n], alone.logp[0, :n], atol=1e-5)
+    assert ro.prompt[i][ro.prompt_mask[i] > 0].tolist() == prompt
+  assert len(set(ro.texts[:4])) > 1 and min(ro.completion_mask.sum(1)) < 12  # samples differ, some stop early
+  logp, _ = losses.completion_logprobs(params, cfg, jnp.asarray(ro.prompt), jnp.asarray(ro.prompt_mask),
+                                       jnp.asarray(ro.tokens), 0.9)
+  np.testing.assert_allclose(ro.logp, np.asarray(logp) * ro.completion_mask, atol=1e-5)
+  with pytest.raises(ValueError, match="take only weights= of the sample arguments, found \\['forward_fn'\\]"):
+    sample_rollout(params, cfg, prompts, [{}] * 3, group_size=2, max_new_tokens=4, key=key, slots=2, forward_fn=None)
+  with pytest.raises(ValueError, match="rollout_slots must be >= 0"):
+    GRPOConfig(rollout_slots=-1)
+
+
 def test_first_unclipped_update_is_the_policy_gradient(tiny):
   cfg, params = tiny
   ro = sample_rollout(params, cfg, [[3, 4, 5], [9, 2, 1]], [{}, {}], group_size=3, max_new_tokens=6,

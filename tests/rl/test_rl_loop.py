@@ -2,6 +2,7 @@
 several updates, no reference forward at beta 0, and the sharded update equal to the single-device one.
 
 Run as a script (`python test_rl_loop.py CKPT_DIR`) this file is the worker that the kill test kills."""
+import dataclasses
 import os
 import signal
 import subprocess
@@ -116,6 +117,11 @@ def test_old_logprobs_are_kept_over_updates_and_beta_zero_skips_the_reference(mo
   out = rl_loop.rl_loop(state, CFG, BETA0, step, prompts, reward, 2)
   assert out.ref_params is None and [r["kl"] for r in out.history] == [0.0, 0.0]
   assert [r["updates"] for r in out.history] == [3, 6]
+  # continuous-batching rollouts (3 slots for 8 rows): their old log-probs are the policy's own (first ratio 1)
+  slotted = dataclasses.replace(BETA0, updates_per_batch=1, rollout_slots=3)
+  state, _, step, prompts = setup(slotted)
+  out = rl_loop.rl_loop(state, CFG, slotted, step, prompts, reward, 1)
+  assert abs(out.history[0]["ratio"] - 1) < 1e-5 and out.history[0]["clip_frac"] == 0
 
 
 def test_sharded_update_equals_single_device():
