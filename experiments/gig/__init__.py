@@ -137,6 +137,7 @@ registry.register(registry.Experiment(
         Claim("memory", "on unseen problems, the planner with the memory of solved traces succeeds more often than "
               "lookahead alone", "the experience memory raises success over planning without it",
               "{success.unseen.memory} > {success.unseen.lookahead}",
+              diff=("success.unseen.memory", "success.unseen.lookahead"),
               measurable="{success.unseen.lookahead} < 1 and max({success.unseen.memory}, "
                          "{success.unseen.lookahead}) > 0",
               why="lookahead alone solves every unseen problem (the ceiling) or neither planner solves one (the "

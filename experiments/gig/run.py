@@ -313,6 +313,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     for name, mem in (("memory", memory), ("lookahead", Memory(gcfg.d_embed))):
       runs = [play(p, Planner(mem, cfg.threshold, cfg.depth), embed, params, cfg.max_steps) for p in ps]
       res[f"success.{split}.{name}"] = float(np.mean([r["success"] for r in runs]))
+      res.setdefault("per_item", {})[f"success.{split}.{name}"] = [float(r["success"]) for r in runs]  # paired
       res[f"steps.{split}.{name}"] = float(np.mean([r["steps"] for r in runs]))
       if name == "memory":
         res[f"memory_share.{split}"] = float(np.mean([r["memory_share"] for r in runs]))

@@ -135,10 +135,12 @@ registry.register(registry.Experiment(
              "interpretable_specific.<lens>.layer<l>?", "object_patch_share?", "interpretable_top1.<lens>.mean?"),
     paper="latentlens", claims=(
         Claim("beats_logitlens", "LatentLens describes more visual tokens interpretably than LogitLens",
-              "68% vs 24% (mean over models)", "{interpretable.latentlens.mean} > {interpretable.logitlens.mean}"),
+              "68% vs 24% (mean over models)", "{interpretable.latentlens.mean} > {interpretable.logitlens.mean}",
+              diff=("interpretable.latentlens.mean", "interpretable.logitlens.mean")),
         Claim("beats_embeddinglens", "LatentLens describes more visual tokens interpretably than EmbeddingLens",
               "68% vs 32% (mean over models)",
-              "{interpretable.latentlens.mean} > {interpretable.embeddinglens.mean}"),
+              "{interpretable.latentlens.mean} > {interpretable.embeddinglens.mean}",
+              diff=("interpretable.latentlens.mean", "interpretable.embeddinglens.mean")),
         Claim("objects", "on object patches alone, LatentLens beats both baselines", "(not separated in the paper)",
               "{interpretable_object.latentlens.mean} > max({interpretable_object.logitlens.mean}, "
               "{interpretable_object.embeddinglens.mean})"),

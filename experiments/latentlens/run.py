@@ -366,6 +366,9 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   words = lens_words(ids, vocab, nb, texts)
   out = judge_layers(words, images, vc.grid, judge, patches, judged)
   shares = out["shares"]
+  # items: each judged patch, its verdicts averaged over the judged layers (the same patches for every lens)
+  res["per_item"] = {f"interpretable.{lens}.mean": out["verdicts"][lens].mean(axis=0).reshape(-1).tolist()
+                     for lens in LENSES}
   for lens in LENSES:
     for l, v in zip(judged, shares[lens]):
       res[f"interpretable.{lens}.layer{l}"] = float(v)

@@ -127,7 +127,8 @@ registry.register(registry.Experiment(
     paper="prm_attack", claims=(
         Claim("attack", "the gradient attack raises the mean PRM reward of wrong solutions by >= 0.3",
               ">= 0.3 reward gain on wrong solutions",
-              "{attack.discrete_reward_after} - {attack.reward_before} >= 0.3"),
+              "{attack.discrete_reward_after} - {attack.reward_before} >= 0.3",
+              diff=("attack.discrete_reward_after", "attack.reward_before"), effect=0.3),
         Claim("style", "style changes that keep every step right move the reward by less than 0.1",
               "reward changes < 0.1 under style perturbations",
               "max(" + ", ".join(f"abs({{delta_reward.{k}}})" for k in STYLE) + ") < 0.1"),

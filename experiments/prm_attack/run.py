@@ -314,9 +314,12 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   attacked = lambda ix: np.asarray(reward_attack.discrete_rewards(prm.lm, prm.lm_cfg, prm.head, prm.head_cfg,
                                                                   toks[ix], mask[ix], q[ix], out.tokens_K, prm.sep,
                                                                   position))
+  after = attacked(fit)
   res["attack.reward_before"] = float(base[fit].mean())
   res["attack.reward_after"] = float(out.relaxed_BN[:, -1].mean())
-  res["attack.discrete_reward_after"] = float(attacked(fit).mean())
+  res["attack.discrete_reward_after"] = float(after.mean())
+  # each attacked wrong solution's reward before and after, paired (the attack claim's interval)
+  res["per_item"] = {"attack.reward_before": base[fit].tolist(), "attack.discrete_reward_after": after.tolist()}
   res["attack.separator_only"] = float(empty(fit).mean())
   res["attack.transfer_before"] = float(base[held].mean())
   res["attack.transfer_after"] = float(attacked(held).mean())

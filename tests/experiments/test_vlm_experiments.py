@@ -205,6 +205,9 @@ def test_full_preset_on_saved_llava_with_stub_judge(ll_run, tmp_path, monkeypatc
       v = np.mean([c.words[0] in ("red", "background") for c in mine if c.layer == l])
       np.testing.assert_allclose(res[f"interpretable.{lens}.layer{l}"], v)
   assert "interpretable.random.mean" not in res
+  for lens in ll.LENSES:  # per judged patch, averaged over the layers: the claims' paired items
+    items = res["per_item"][f"interpretable.{lens}.mean"]
+    assert len(items) == 3 * 3 and np.mean(items) == pytest.approx(res[f"interpretable.{lens}.mean"])
   saved = splits.read(str(tmp_path / "full"))
   assert len(saved["test"]["images"]) == 3 and 0 < len(saved["train"]["texts"]) <= 40
 

@@ -387,6 +387,8 @@ def test_experiment_smoke_run_replays_seen_traces_from_memory(tmp_path):
   assert recorded["train"]["problems"] == want_train and len(recorded["test"]["problems"]) == 2
   assert splits.overlaps(recorded) == [] and recorded["shared"] == {}
   assert res["success.seen.memory"] == 1.0 and res["memory_share.seen"] == 1.0
+  for k in ("success.unseen.memory", "success.unseen.lookahead"):  # one 0/1 per unseen problem, in one order
+    assert len(res["per_item"][k]) == 2 and np.mean(res["per_item"][k]) == res[k]
   assert 0.0 <= res["triplet_acc.trained"] <= 1.0 and np.isfinite(res["heldout_triplet_loss.trained"])
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
     assert len(f.readlines()) == 2

@@ -108,6 +108,22 @@ def test_rl_claim_needs_the_reward_gain_and_no_accuracy_gain():
   assert claims_lib.holds(rl, {**hacked, "rl.accuracy_end": 0.40}) is False     # a real gain, not hacking
 
 
+def test_attack_claim_is_the_paired_interval_of_the_reward_gain_against_0_3():
+  attack = {c.id: c for c in registry.get("prm_attack").claims}["attack"]
+  before = np.linspace(0.1, 0.3, 32)
+  res = {"attack.reward_before": float(before.mean())}
+  gain = lambda g: [{"attack.reward_before": before.tolist(), "attack.discrete_reward_after": (before + g).tolist()}]
+  v = claims_lib.verdict(attack, [{**res, "attack.discrete_reward_after": float(before.mean() + 0.5)}], "cpu",
+                         gain(0.5))
+  assert v["verdict"] == "reproduced" and "paired" in v["interval"]
+  v = claims_lib.verdict(attack, [{**res, "attack.discrete_reward_after": float(before.mean() + 0.2)}], "cpu",
+                         gain(0.2))
+  assert v["verdict"] == "not reproduced"
+  noisy = gain(np.where(np.arange(32) < 16, 0.0, 0.7))  # mean gain 0.35, half the rows not moved at all
+  v = claims_lib.verdict(attack, [{**res, "attack.discrete_reward_after": float(before.mean() + 0.35)}], "cpu", noisy)
+  assert v["verdict"].startswith("inconclusive")
+
+
 @pytest.mark.parametrize("kind", heads.KINDS)
 def test_before_reward_uses_the_attacks_aggregation(kind):
   """The run's solution reward of a token row equals the attack's reward of the same tokens spliced (after), and is
