@@ -90,20 +90,17 @@ def sample_rollout(params, cfg: tfm.Config, prompts: Sequence[Sequence[int]], ex
   if slots is not None and slots < len(rows):
     prompt, prompt_mask, tokens, mask, logp = _continuous(params, cfg, rows, max_new_tokens, slots, key, temperature,
                                                            top_k, top_p, stop_tokens, pad, sample_kw)
-    if stop_strings:
-      tokens, mask, logp = truncate_at_stop_strings(tokens, mask, logp, decode, stop_strings, pad)
-    completions = [row[:int(m.sum())].tolist() for row, m in zip(tokens, mask)]
-    texts = [decode(c) for c in completions] if decode is not None else completions
-    return Rollout(prompt, prompt_mask, tokens, mask, logp, texts, repeat_groups(list(examples), group_size))
-  out = sampling.sample(params, cfg, rows, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        key=key, stop_tokens=tuple(stop_tokens), pad_id=pad, return_logprobs=True, **sample_kw)
-  tokens, mask, logp = (shd.to_numpy(x) for x in (out.tokens, out.completion_mask, out.logprobs))
+  else:
+    out = sampling.sample(params, cfg, rows, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                          key=key, stop_tokens=tuple(stop_tokens), pad_id=pad, return_logprobs=True, **sample_kw)
+    seqs, prompt_mask, tokens, mask, logp = (shd.to_numpy(x) for x in (
+        out.sequences, out.prompt_mask, out.tokens, out.completion_mask, out.logprobs))
+    prompt = seqs[:, :prompt_mask.shape[1]]
   if stop_strings:
     tokens, mask, logp = truncate_at_stop_strings(tokens, mask, logp, decode, stop_strings, pad)
   completions = [row[:int(m.sum())].tolist() for row, m in zip(tokens, mask)]
   texts = [decode(c) for c in completions] if decode is not None else completions
-  return Rollout(shd.to_numpy(out.sequences)[:, :out.prompt_mask.shape[1]], shd.to_numpy(out.prompt_mask), tokens,
-                 mask, logp, texts, repeat_groups(list(examples), group_size))
+  return Rollout(prompt, prompt_mask, tokens, mask, logp, texts, repeat_groups(list(examples), group_size))
 
 
 def _continuous(params, cfg, rows, max_new_tokens, slots, key, temperature, top_k, top_p, stop_tokens, pad, kw):
