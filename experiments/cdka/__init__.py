@@ -155,7 +155,8 @@ registry.register(registry.Experiment(
     paper="cdka", claims=(
         Claim("beats_lora", "CDKA reaches at least LoRA's accuracy at an equal trainable-parameter budget",
               "above LoRA at equal budget (LLaMA-2-7B, MetaMathQA -> GSM8K)",
-              "{accuracy.cdka} >= {accuracy.lora} and {trainable_params.cdka} <= 1.05 * {trainable_params.lora}"),
+              "{accuracy.cdka} >= {accuracy.lora} and {trainable_params.cdka} <= 1.05 * {trainable_params.lora}",
+              diff=("accuracy.cdka", "accuracy.lora"), given="{trainable_params.cdka} <= 1.05 * {trainable_params.lora}"),
         Claim("aligns_with_full", "CDKA's trained update is closer in direction to full fine-tuning's than LoRA's",
               "Kronecker structure aligns better with the full update",
               "{alignment.cosine.cdka} > {alignment.cosine.lora}"),

@@ -18,6 +18,7 @@ from experiments.runner import splits
 from jaxlab.adapters import kron, lora
 from jaxlab.data import corpus as corpus_lib
 from jaxlab.data.tasks import arithmetic
+from jaxlab.evals import answers
 from jaxlab import sharding as shd
 from jaxlab.models import transformer as tfm
 from jaxlab.train import loop as loop_lib
@@ -298,6 +299,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     acc, completions = ctx.evaluate(params)
     common.write_completions(completions_path, method, ctx.test, completions)
     results["accuracy"][method] = acc
+    results.setdefault("per_item", {})[f"accuracy.{method}"] = [
+        float(answers.exact_match(c, e.answer)) for c, e in zip(completions, ctx.test)]  # paired: the same test set
     results["trainable_params"][method] = n
     results["final_loss"][method] = hist[-1]["loss"]
     results["test_loss"][method] = ctx.test_loss(params)

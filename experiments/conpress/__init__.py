@@ -178,7 +178,9 @@ registry.register(registry.Experiment(
         Claim("sft", "SFT on correct concise multi-question traces cuts single-question tokens by >= 30% with "
               "accuracy within 2 points", "-59% tokens on MATH500 at matched accuracy",
               "{sft.tokens_after} <= 0.7 * {sft.tokens_before} and "
-              "{sft.accuracy_before} - {sft.accuracy_after} <= 0.02"),
+              "{sft.accuracy_before} - {sft.accuracy_after} <= 0.02",
+              diff=("sft.accuracy_after", "accuracy.n1"), effect=-0.02,
+              given="{sft.tokens_after} <= 0.7 * {sft.tokens_before}"),
         Claim("self_compression", "the model writes fewer tokens per question with 4 questions per prompt than "
               "with one (measured either way)", "per-question reasoning shrinks as N grows",
               "{tokens_per_question.n4} < {tokens_per_question.n1}"),

@@ -364,6 +364,7 @@ def run_with_model(cfg: Config, out_dir: str, mcfg, params, tok, test_task: Task
   clock["generate"] = time.time() - t0 - sum(clock.values())
 
   res, details = summarize(test_task, test, cfg.ns, where, texts[:n_test], counts[:n_test])
+  res["per_item"] = {"accuracy.n1": [float(r) for r in details[1]["right"]]}  # the held-out single questions
   big = details[cfg.ns[-1]]
   for i in range(1, cfg.ns[-1] + 1):
     at = [(p, r) for (_, p), r in zip(big["parsed"], big["right"]) if p.number == i]
@@ -408,7 +409,8 @@ def run_with_model(cfg: Config, out_dir: str, mcfg, params, tok, test_task: Task
       res[f"{name}.loss_first"], res[f"{name}.loss_last"] = history[0]["loss"], history[-1]["loss"]
       texts1, counts1 = generate(tuned, mcfg, tok, [prompts[j] for j in singles], [budgets[j] for j in singles],
                                  cfg.gen_batch, shape)
-      after, _ = summarize(test_task, test, (1,), [where[j] for j in singles], texts1, counts1)
+      after, after_details = summarize(test_task, test, (1,), [where[j] for j in singles], texts1, counts1)
+      res["per_item"][f"{name}.accuracy_after"] = [float(r) for r in after_details[1]["right"]]
       res[f"{name}.tokens_after"], res[f"{name}.accuracy_after"] = after["tokens_per_question.n1"], after["accuracy.n1"]
 
     tune_and_measure("sft", examples)

@@ -163,7 +163,8 @@ registry.register(registry.Experiment(
     paper="fslora", claims=(
         Claim("bytes", "FSLoRA is within 1 point of FedLoRA's accuracy with at most 60% of its uploaded bytes",
               "FedLoRA's accuracy at a fraction of its communication",
-              "{accuracy.fslora} >= {accuracy.fedlora} - 0.01 and {bytes_ratio.fslora} <= 0.6"),
+              "{accuracy.fslora} >= {accuracy.fedlora} - 0.01 and {bytes_ratio.fslora} <= 0.6",
+              diff=("accuracy.fslora", "accuracy.fedlora"), effect=-0.01, given="{bytes_ratio.fslora} <= 0.6"),
         Claim("beats_hetlora", "FSLoRA beats HetLoRA at the same uploaded bytes", "above HetLoRA / zero-padding",
-              "{accuracy.fslora} > {accuracy.hetlora}"),
+              "{accuracy.fslora} > {accuracy.hetlora}", diff=("accuracy.fslora", "accuracy.hetlora")),
     )))

@@ -14,9 +14,10 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from experiments._shared import adapters as common
 from experiments._shared import chat_models
 from experiments import registry
-from experiments.runner import splits as splits_lib
+from experiments.runner import claims, splits as splits_lib
 from jaxlab.adapters import fslora
 from jaxlab.data.tasks import arithmetic
+from jaxlab.evals import answers
 from jaxlab.models import transformer as tfm
 from experiments.fslora import Config
 
@@ -161,7 +162,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     return {"accuracy": float(np.mean([a for a, _ in scored.values()])), "test_loss": ctx.test_loss(params),
             **{f"accuracy.{t}": a for t, (a, _) in scored.items()}}
 
-  runs = federated_runs(cfg)
+  runs, items = federated_runs(cfg), {}
   key = jax.random.PRNGKey(cfg.seed + 3)
   hist, base_acc, base_loss = {}, ctx.evaluate(ctx.params)[0], ctx.test_loss(ctx.params)
   completions_path = common.fresh(os.path.join(out_dir, "completions.jsonl"))
@@ -172,8 +173,11 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     for r in h:
       writer.write({"phase": "federated", "method": name, **r})
     hist[name] = h
-    common.write_completions(completions_path, name, [e for part in by_task.values() for e in part] or ctx.test,
-                             last["completions"])
+    tested = [e for part in by_task.values() for e in part] or ctx.test
+    common.write_completions(completions_path, name, tested, last["completions"])
+    right = [float(answers.exact_match(c, e.answer)) for c, e in zip(last["completions"], tested)]
+    # per item, paired across methods; over tasks weighted so that their mean is the macro mean `accuracy`
+    items[f"accuracy.{name}"] = claims.macro_items(right, [e.label for e in tested]) if by_task else right
     print(f"fslora: {name} accuracy {h[-1]['accuracy']:.3f} after {h[-1]['upload_bytes'] / 2**20:.2f} MiB "
           "uploaded", flush=True)
   writer.close()
@@ -193,6 +197,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   if "fedlora" in hist and "fslora" in hist:
     res["fslora_minus_fedlora_points"] = 100 * (res["accuracy"]["fslora"] - res["accuracy"]["fedlora"])
   res["client_sizes_min_max"] = f"{int(sizes.min())}-{int(sizes.max())}"
+  res["per_item"] = items
   if jax.process_index() == 0:
     _plots(out_dir, cfg, hist, base_acc, base_loss)
     _table(os.path.join(out_dir, "table.md"), cfg, res)

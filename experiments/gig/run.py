@@ -161,6 +161,7 @@ def fit_gat(cfg: Config, gcfg: gnn.Config, graphs, lengths, more_graphs, log_pat
 def _score(res: dict, env: str, method: str, runs: list[dict]) -> None:
   for k in ("pass1", "calls", "tokens", "steps"):
     res[f"{k}.{env}.{method}"] = float(np.mean([r["success" if k == "pass1" else k] for r in runs]))
+  res.setdefault("per_item", {})[f"pass1.{env}.{method}"] = [float(r["success"]) for r in runs]  # paired by world
   if method == "gig":
     res[f"memory_share.{env}"] = float(np.mean([r["memory_share"] for r in runs]))
 
@@ -207,8 +208,10 @@ def _kitchen_agents(cfg: Config, llm, embed, gparams, memory_of, problems_of, f)
     memory = memory_of(mode)
     problems = problems_of[mode]
     plans = [[a.text for a in plan] if (plan := shortest_plan(p)) is not None else None for p in problems]
-    res.update(evaluate_agents(cfg, env, lambda problems=problems: [Kitchen(p) for p in problems], plans, llm, memory,
-                               embed, gparams, f))
+    part = evaluate_agents(cfg, env, lambda problems=problems: [Kitchen(p) for p in problems], plans, llm, memory,
+                           embed, gparams, f)
+    res.setdefault("per_item", {}).update(part.pop("per_item"))
+    res.update(part)
   return res
 
 
@@ -322,9 +325,13 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     mcfg, lparams, tok = load_chat_model(cfg.llm)
     llm = CHOOSERS[cfg.chooser](mcfg, lparams, tok)
     with open(os.path.join(out_dir, "episodes.jsonl"), "w") as f:
-      res.update(_kitchen_agents(cfg, llm, embed, params, memory_of, agents, f))
+      kitchen = _kitchen_agents(cfg, llm, embed, params, memory_of, agents, f)
+      res["per_item"].update(kitchen.pop("per_item", {}))
+      res.update(kitchen)
       if games:
-        res.update(_textworld_agents(cfg, games, out_dir, llm, f))
+        tw = _textworld_agents(cfg, games, out_dir, llm, f)
+        res["per_item"].update(tw.pop("per_item", {}))
+        res.update(tw)
   if losses:
     registry.plot_curves(os.path.join(out_dir, "loss.png"), {"triplet + uniformity": (list(range(len(losses))),
                                                                                        losses)},

@@ -143,5 +143,7 @@ registry.register(registry.Experiment(
               diff=("interpretable.latentlens.mean", "interpretable.embeddinglens.mean")),
         Claim("objects", "on object patches alone, LatentLens beats both baselines", "(not separated in the paper)",
               "{interpretable_object.latentlens.mean} > max({interpretable_object.logitlens.mean}, "
-              "{interpretable_object.embeddinglens.mean})"),
+              "{interpretable_object.embeddinglens.mean})",
+              diff=(("interpretable_object.latentlens.mean", "interpretable_object.logitlens.mean"),
+                    ("interpretable_object.latentlens.mean", "interpretable_object.embeddinglens.mean"))),
     )))

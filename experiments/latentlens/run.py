@@ -383,6 +383,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     for lens in LENSES:
       v = out["verdicts"][lens]
       res[f"interpretable_object.{lens}.mean"] = float(v[:, obj].mean())
+      res["per_item"][f"interpretable_object.{lens}.mean"] = v[:, obj].mean(axis=0).tolist()
       res[f"interpretable_background.{lens}.mean"] = float(v[:, ~obj].mean())
       res[f"interpretable_specific.{lens}.mean"] = float(strict["shares"][lens].mean())
       for j, l in enumerate(judged):

@@ -9,7 +9,11 @@ items); where that fails the verdict is "not measurable at this preset: <why> (<
 
 With `diff=(A, B)` and the run's per-item scores of A and B (items.json, see `registry`), the verdict comes from a
 95% bootstrap interval of mean(A) - mean(B) over the items, seeds pooled: reproduced when the interval lies above
-`effect`, not reproduced when it lies at or below it, otherwise "inconclusive (n=...)". Without per-item scores,
+`effect`, not reproduced when it lies at or below it, otherwise "inconclusive (n=...)". "A beats each of B and C"
+declares the pairs `diff=((A, B), (A, C))`: reproduced when every interval lies above `effect`, not reproduced when
+one lies at or below it (each pair tested at 95%, their intersection needs no multiple-comparison correction). The
+part of a compound claim no interval covers ("at no more LLM calls") is its `given` rule: where it fails on every
+seed the claim is not reproduced whatever the intervals say. Without per-item scores,
 over several seeds a claim is reproduced or not reproduced when every seed agrees, and unstable (with the spread
 of its keys) when they do not.
 
@@ -19,6 +23,7 @@ low): judged the same way, worded "passed" / "failed", and reported apart from t
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import math
 import operator
@@ -74,9 +79,12 @@ class Claim:
     measurable: expression (same language) true when the comparison can tell anything; "" when it always can.
     why: what a failed `measurable` means, in a few words (the verdict adds the figures); required with it.
     diff: (A, B), the per-item score arrays (names in items.json) whose mean difference A - B the check
-      compares; name the side the claim favours first (for lower-is-better scores, the baseline first).
+      compares; name the side the claim favours first (for lower-is-better scores, the baseline first). Several
+      pairs ((A, B), (A, C)) for a claim that A beats each of B and C.
     effect: the claimed difference: reproduced when the interval of A - B lies above it, not reproduced when
       it lies at or below it (0: "A beats B"; -0.01: "A loses less than 0.01").
+    given: the rest of a compound claim, which the intervals do not cover (same language as `check`; "" when
+      none): with intervals, not reproduced where it fails on every seed, unstable where the seeds disagree.
   """
   id: str
   text: str
@@ -85,8 +93,9 @@ class Claim:
   presets: tuple[str, ...] = ("cpu", "full")
   measurable: str = ""
   why: str = ""
-  diff: tuple[str, str] | None = None
+  diff: tuple[str, str] | tuple[tuple[str, str], ...] | None = None
   effect: float = 0.0
+  given: str = ""
 
   def __post_init__(self):
     if not self.keys:
@@ -98,11 +107,23 @@ class Claim:
       _parse(self.measurable, self.id)
       if not self.why:
         raise ValueError(f"claim {self.id!r}: a measurable condition needs its why")
-    if self.diff is not None and (len(self.diff) != 2 or not all(isinstance(d, str) and d for d in self.diff)
-                                  or self.diff[0] == self.diff[1]):
-      raise ValueError(f"claim {self.id!r}: diff must name two different per-item arrays, found {self.diff!r}")
+    if self.diff is not None and not (self.pairs and all(
+        len(p) == 2 and all(isinstance(d, str) and d for d in p) and p[0] != p[1] for p in self.pairs)):
+      raise ValueError(f"claim {self.id!r}: diff must name two different per-item arrays, or pairs of them, "
+                       f"found {self.diff!r}")
+    if self.given:
+      if self.diff is None or not _KEY.findall(self.given):
+        raise ValueError(f"claim {self.id!r}: given {self.given!r} needs a diff and a {{results key}}")
+      _parse(self.given, self.id)
     if not math.isfinite(self.effect):
       raise ValueError(f"claim {self.id!r}: effect must be finite, found {self.effect}")
+
+  @property
+  def pairs(self) -> tuple[tuple[str, ...], ...]:
+    """The (A, B) pairs of `diff`; () without one."""
+    if not self.diff:
+      return ()
+    return (tuple(self.diff),) if isinstance(self.diff[0], str) else tuple(tuple(p) for p in self.diff)
 
   @property
   def keys(self) -> tuple[str, ...]:
@@ -115,8 +136,8 @@ class Claim:
 
   @property
   def all_keys(self) -> tuple[str, ...]:
-    """The results keys of the check, then those only `measurable` reads."""
-    return tuple(dict.fromkeys(self.keys + self.measurable_keys))
+    """The results keys of the check, then those only `measurable` or `given` read."""
+    return tuple(dict.fromkeys(self.keys + self.measurable_keys + tuple(_KEY.findall(self.given))))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -252,22 +273,38 @@ def bootstrap(a_per_seed: list, b_per_seed: list, resamples: int = RESAMPLES, le
           "n_b": int(len(b)), "paired": paired}
 
 
-def _interval(claim: Claim, items_per_seed: list[dict] | None) -> dict | None:
-  """The bootstrap interval of the claim's diff over the seeds' per-item scores; None when any is missing."""
+def macro_items(values, groups) -> list[float]:
+  """Per-item scores whose plain mean is the macro mean of `values` over `groups` (each group's mean, then their
+  mean): item i scaled by n / (k n_g), with n items, k groups and n_g items in its group. What a claim on a macro
+  mean records as its per-item scores; the bootstrap then resamples items, not groups (exact when the groups are
+  equal in size, an approximation otherwise)."""
+  values, groups = np.asarray(values, np.float64), list(groups)
+  if len(values) != len(groups):
+    raise ValueError(f"macro_items: {len(values)} values but {len(groups)} groups")
+  size = collections.Counter(groups)
+  return [float(v * len(groups) / (len(size) * size[g])) for v, g in zip(values, groups)]
+
+
+def _intervals(claim: Claim, items_per_seed: list[dict] | None) -> list[dict] | None:
+  """The bootstrap interval of each of the claim's diff pairs over the seeds' per-item scores; None when any
+  score array is missing."""
   if claim.diff is None or not items_per_seed:
     return None
-  arrays = [[_scores((items or {}).get(name)) for items in items_per_seed] for name in claim.diff]
-  if any(x is None for side in arrays for x in side):
-    return None
-  return bootstrap(*arrays)
+  out = []
+  for pair in claim.pairs:
+    arrays = [[_scores((items or {}).get(name)) for items in items_per_seed] for name in pair]
+    if any(x is None for side in arrays for x in side):
+      return None
+    out.append(bootstrap(*arrays))
+  return out
 
 
 def _n(iv: dict) -> str:
   return f"n={iv['n']}" + ("" if iv["paired"] else f" vs {iv['n_b']}")
 
 
-def _describe(claim: Claim, iv: dict) -> str:
-  return (f"{claim.diff[0]} - {claim.diff[1]} = {iv['mean']:.4g}, {LEVEL:.0%} interval [{iv['low']:.4g}, "
+def _describe(pair: tuple[str, ...], iv: dict) -> str:
+  return (f"{pair[0]} - {pair[1]} = {iv['mean']:.4g}, {LEVEL:.0%} interval [{iv['low']:.4g}, "
           f"{iv['high']:.4g}] ({_n(iv)}, {'paired' if iv['paired'] else 'unpaired'}, bootstrap over items)")
 
 
@@ -300,14 +337,22 @@ def verdict(claim: Claim, results_per_seed: list[dict], preset: str,
   if not all(able):
     figures = ", ".join(f"{k}={ours[k]}" for k in claim.measurable_keys)
     return dict(out, verdict=f"{NOT_MEASURABLE}: {claim.why} ({figures})")
-  iv = _interval(claim, items_per_seed)
-  if iv is not None:
-    out.update(interval=_describe(claim, iv), interval_bounds=[iv["low"], iv["high"]])
-    if iv["low"] > claim.effect:
+  ivs = _intervals(claim, items_per_seed)
+  if ivs is not None:
+    out.update(interval="; ".join(_describe(p, iv) for p, iv in zip(claim.pairs, ivs)),
+               interval_bounds=[[iv["low"], iv["high"]] for iv in ivs])
+    if claim.given:
+      out["given"] = claim.given
+      rest = [_holds(claim.given, claim.id, r) for r in results_per_seed]
+      if not any(rest):
+        return dict(out, verdict=_worded(claim, NOT_REPRODUCED))
+      if not all(rest):
+        return dict(out, verdict=f"{UNSTABLE} ({sum(map(bool, rest))} of {len(rest)} seeds hold {claim.given})")
+    if all(iv["low"] > claim.effect for iv in ivs):
       return dict(out, verdict=_worded(claim, REPRODUCED))
-    if iv["high"] <= claim.effect:
+    if any(iv["high"] <= claim.effect for iv in ivs):
       return dict(out, verdict=_worded(claim, NOT_REPRODUCED))
-    return dict(out, verdict=f"{INCONCLUSIVE} ({_n(iv)})")
+    return dict(out, verdict=f"{INCONCLUSIVE} ({', '.join(dict.fromkeys(_n(iv) for iv in ivs))})")
   if all(each):
     return dict(out, verdict=_worded(claim, REPRODUCED))
   if not any(each):

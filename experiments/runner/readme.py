@@ -99,6 +99,13 @@ def _notes(lines: list[str], replaced) -> list[str]:
   return out
 
 
+def _without_stale_source(notes: list[str], papers) -> list[str]:
+  """`notes` less the whole table's "Claims checked by ..." line once "Rows for" lines name every paper in it."""
+  named = {n for line in notes if line.startswith("Rows for ") and ": " in line
+           for n in line[len("Rows for "):].split(": ", 1)[0].split(", ")}
+  return [line for line in notes if not (line.startswith("Claims checked by ") and set(papers) <= named)]
+
+
 def _merged(block: str, report: dict) -> str:
   """`block` (a table this module wrote) with the rows of the papers `report` ran replaced, and a header line
   naming them and the report; an earlier such line keeps only the papers not replaced (`_notes`)."""
@@ -110,6 +117,7 @@ def _merged(block: str, report: dict) -> str:
   notes = _notes(lines[:start], replaced)
   if replaced:
     notes.append(f"Rows for {', '.join(replaced)}: claims checked by {_source(report)}.")
+  notes = _without_stale_source(notes, report["papers"])
   rows = _table_rows(lines, start)
   rows.update({short: _row(short, report["papers"][short]) for short in replaced})
   body = [rows.get(short) or _row(short, p) for short, p in report["papers"].items()]

@@ -13,7 +13,7 @@ import numpy as np
 import optax
 
 from experiments._shared import recipes, vlm_pipeline as pipe
-from experiments.runner import splits
+from experiments.runner import claims, splits
 from experiments.stllm import data as data_lib, full, judge as judge_lib, model as model_lib, rea
 from jaxlab import losses
 from jaxlab import sharding as shd
@@ -250,7 +250,9 @@ def answer_prior(train_qs, test_qs) -> list[str]:
 def scores(preds, qs, model: str, judged=None) -> dict:
   """accuracy / mean / mean_both, and BLEU-4 / ROUGE-L on the free-form tasks, for one model's answers. Accuracy is
   exact string match, or, given the judge's verdicts (`judged`, True / False / None per answer), the share judged
-  correct (a reply that says neither counts as wrong), with exact match kept as `exact.<task>.<model>`."""
+  correct (a reply that says neither counts as wrong), with exact match kept as `exact.<task>.<model>`. Under
+  "per_item": each room-and-clip question's score, weighted so that their mean is mean_both (the claims' intervals,
+  paired across models: the same questions in the same order)."""
   res, by = {}, rea.answers_by_task(qs)
   for task, idx in by.items():
     if idx:
@@ -269,6 +271,9 @@ def scores(preds, qs, model: str, judged=None) -> dict:
   res[f"mean_both.{model}"] = float(np.mean(both)) if both else 0.0
   if judged is not None:
     res[f"judge_invalid.{model}"] = float(np.mean([v is None for v in judged]))
+  both = [i for t in rea.NEEDS_BOTH for i in by[t]]
+  right = [judged[i] is True if judged is not None else preds[i] == qs[i].answer for i in both]
+  res["per_item"] = {f"mean_both.{model}": claims.macro_items(right, [qs[i].task for i in both])}
   return res
 
 
@@ -317,7 +322,9 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     preds = samples[kind]
     judged = None if judge is None else judge([(q.task, q.question, q.answer, p)
                                                for q, p in zip(test.questions, preds)])
-    res.update(scores(preds, test.questions, kind, judged))
+    out = scores(preds, test.questions, kind, judged)
+    res.setdefault("per_item", {}).update(out.pop("per_item"))
+    res.update(out)
   if jax.process_index() == 0:
     with open(os.path.join(out_dir, "samples.json"), "w") as f:
       json.dump([{k: v[i] for k, v in samples.items()} for i in range(min(25, len(test.questions)))], f, indent=1)

@@ -257,20 +257,20 @@ def test_intervals_decide_reproduced_not_reproduced_and_inconclusive():
   rng = np.random.default_rng(1)
   strong, weak = (rng.random(200) < 0.8).astype(float), (rng.random(200) < 0.4).astype(float)
   v = claims_lib.verdict(BEATS, [_figures(strong, weak)], "cpu", [{"acc.a": strong, "acc.b": weak}])
-  assert v["verdict"] == "reproduced" and 0 < v["interval_bounds"][0] < 0.4 < v["interval_bounds"][1]
+  assert v["verdict"] == "reproduced" and 0 < v["interval_bounds"][0][0] < 0.4 < v["interval_bounds"][0][1]
   assert v["interval"].startswith("acc.a - acc.b = 0.") and "(n=200, paired, bootstrap over items)" in v["interval"]
   assert claims_lib.verdict(BEATS, [_figures(strong, weak)], "cpu", [{"acc.a": strong, "acc.b": weak}]) == v
   v = claims_lib.verdict(BEATS, [_figures(weak, strong)], "cpu", [{"acc.a": weak, "acc.b": strong}])
-  assert v["verdict"] == "not reproduced" and v["interval_bounds"][1] < 0
+  assert v["verdict"] == "not reproduced" and v["interval_bounds"][0][1] < 0
   same = np.tile([1.0, 0.0], 20)
   v = claims_lib.verdict(BEATS, [_figures(same, same)], "cpu", [{"acc.a": same, "acc.b": same}])
-  assert v["verdict"] == "not reproduced" and v["interval_bounds"] == [0.0, 0.0]  # excludes any positive difference
+  assert v["verdict"] == "not reproduced" and v["interval_bounds"] == [[0.0, 0.0]]  # excludes any positive difference
   # one item's difference in 20: the rule holds, the interval cannot tell
   a, b = same.copy()[:20], same.copy()[:20]
   a[1] = 1.0
   v = claims_lib.verdict(BEATS, [_figures(a, b)], "cpu", [{"acc.a": a, "acc.b": b}])
   assert claims_lib.holds(BEATS, _figures(a, b)) and v["verdict"] == "inconclusive (n=20)"
-  assert v["interval_bounds"][0] <= 0 < v["interval_bounds"][1]
+  assert v["interval_bounds"][0][0] <= 0 < v["interval_bounds"][0][1]
   # seeds pooled; arrays of other lengths are unpaired; a claimed effect moves the bar
   two = [{"acc.a": strong[:100], "acc.b": weak[:100]}, {"acc.a": strong[100:], "acc.b": weak[100:]}]
   v = claims_lib.verdict(BEATS, [_figures(strong[:100], weak[:100]), _figures(strong[100:], weak[100:])], "cpu", two)
@@ -280,6 +280,55 @@ def test_intervals_decide_reproduced_not_reproduced_and_inconclusive():
   big = dataclasses.replace(BEATS, effect=0.6)
   assert claims_lib.verdict(big, [_figures(strong, weak)], "cpu", [{"acc.a": strong, "acc.b": weak}])[
       "verdict"] == "not reproduced"
+
+
+EACH = claims_lib.Claim("each", "A beats B and C at no more calls", "A above both", "{acc.a} > max({acc.b}, {acc.c}) "
+                        "and {calls.a} <= {calls.b}", diff=(("acc.a", "acc.b"), ("acc.a", "acc.c")),
+                        given="{calls.a} <= {calls.b}")
+
+
+def test_beating_each_of_several_needs_every_interval_and_the_given_rule():
+  rng = np.random.default_rng(2)
+  strong, weak, mid = ((rng.random(300) < p).astype(float) for p in (0.8, 0.3, 0.45))
+
+  def judge(a, b, c, calls=(1.0, 2.0), seeds=1):
+    res = {"acc.a": a.mean(), "acc.b": b.mean(), "acc.c": c.mean(), "calls.a": calls[0], "calls.b": calls[1]}
+    return claims_lib.verdict(EACH, [res] * seeds, "cpu", [{"acc.a": a, "acc.b": b, "acc.c": c}] * seeds)
+
+  v = judge(strong, weak, mid)
+  assert v["verdict"] == "reproduced" and len(v["interval_bounds"]) == 2
+  assert v["interval"].startswith("acc.a - acc.b = ") and "; acc.a - acc.c = " in v["interval"]
+  assert all(lo > 0 for lo, _ in v["interval_bounds"])
+  assert judge(strong, weak, strong)["verdict"] == "not reproduced"  # ties one: that interval is [0, 0]
+  assert judge(mid, weak, strong)["verdict"] == "not reproduced"  # beats B, loses to C
+  close = strong.copy()
+  close[np.flatnonzero(strong == 0)[:1]] = 1.0  # one item better than C: the rule holds, its interval cannot tell
+  v = judge(close, weak, strong)
+  assert claims_lib.holds(EACH, {"acc.a": close.mean(), "acc.b": weak.mean(), "acc.c": strong.mean(),
+                                 "calls.a": 1.0, "calls.b": 2.0})
+  assert v["verdict"] == "inconclusive (n=300)"
+  # the rest of the compound claim: failing it on every seed is not reproduced, whatever the intervals
+  assert judge(strong, weak, mid, calls=(3.0, 2.0))["verdict"] == "not reproduced"
+  assert judge(strong, weak, mid, calls=(3.0, 2.0))["given"] == "{calls.a} <= {calls.b}"
+  two = claims_lib.verdict(EACH, [{"acc.a": strong.mean(), "acc.b": weak.mean(), "acc.c": mid.mean(), "calls.a": c,
+                                   "calls.b": 2.0} for c in (1.0, 3.0)], "cpu",
+                           [{"acc.a": strong, "acc.b": weak, "acc.c": mid}] * 2)
+  assert two["verdict"] == "unstable (1 of 2 seeds hold {calls.a} <= {calls.b})"
+  with pytest.raises(ValueError, match="pairs of them"):
+    claims_lib.Claim("x", "t", "p", "{a} > {b}", diff=(("a", "b"), ("a", "a")))
+  with pytest.raises(ValueError, match="needs a diff"):
+    claims_lib.Claim("x", "t", "p", "{a} > {b}", given="{a} > 0")
+
+
+def test_macro_items_mean_is_the_macro_mean():
+  rng = np.random.default_rng(3)
+  groups = rng.choice(["a", "b", "c"], size=50, p=[0.6, 0.3, 0.1])
+  values = rng.random(50)
+  macro = np.mean([values[groups == g].mean() for g in np.unique(groups)])
+  assert np.mean(claims_lib.macro_items(values, groups)) == pytest.approx(macro)
+  assert claims_lib.macro_items([1.0, 0.0], ["x", "y"]) == [1.0, 0.0]  # equal groups: the scores unchanged
+  with pytest.raises(ValueError, match="3 values but 2 groups"):
+    claims_lib.macro_items([1, 0, 1], ["x", "y"])
 
 
 def test_without_per_item_scores_the_rule_decides_and_says_so():
@@ -426,6 +475,9 @@ def test_readme_merge_takes_replaced_papers_off_earlier_row_notes():
            "Rows for polar: claims checked by `b`."]
   assert readme_lib._notes(notes, ["mind", "polar"]) == ["Claims checked by x:",
                                                          "Rows for scale, cdka: claims checked by `a` at commit 1."]
+  # the whole table's line goes once every paper has its own "Rows for" line
+  assert readme_lib._without_stale_source(notes, ["scale", "cdka", "mind", "polar"]) == notes[1:]
+  assert readme_lib._without_stale_source(notes, ["scale", "cdka", "mind", "polar", "btd"]) == notes
 
 
 def test_every_relative_link_in_the_committed_markdown_resolves():

@@ -96,3 +96,6 @@ def test_a_run_over_tasks_reports_each_task_and_their_mean(tmp_path):
   for m in fslora_exp.PRESETS["smoke"].methods:
     accs = [res[f"task_accuracy.{m}.{t}"] for t in TASKS]
     assert res[f"accuracy.{m}"] == pytest.approx(np.mean(accs))
+  items = registry.read_items(str(tmp_path / "run"))  # the claims' per-item scores: their mean is the figure
+  for m in fslora_exp.PRESETS["smoke"].methods:
+    assert np.mean(items[f"accuracy.{m}"]) == pytest.approx(res[f"accuracy.{m}"])

@@ -219,6 +219,11 @@ def test_scores_by_hand():
   assert res["rouge_l.find_my_item.m"] == pytest.approx((1 + 0) / 2)
   # BLEU-2 would be nonzero; BLEU-4 needs a 4-gram match: "on the desk" has none -> 0
   assert res["bleu4.find_my_item.m"] == 0.0 and "bleu4.relative_direction.m" not in res
+  # per item: the room-and-clip questions only, weighted so that their mean is mean_both over unequal tasks
+  qs.append(rea.Question(0, "relative_distance", "q", "near"))
+  res = ST.scores(["left", "front", "on the desk", "on the table", "near"], qs, "m")
+  items = res["per_item"]["mean_both.m"]
+  assert len(items) == 3 and res["mean_both.m"] == 0.75 and np.mean(items) == pytest.approx(0.75)
 
 
 def test_registered_with_presets_and_claims():
