@@ -73,6 +73,9 @@ def test_latentlens_smoke_keys_and_ranges(ll_run):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     np.testing.assert_allclose(res[f"interpretable_object.{lens}.mean"],
                                np.mean([res[f"interpretable_object.{lens}.layer{l}"] for l in SMOKE_JUDGED]))
+    items = registry.read_items(out)[f"interpretable_object.{lens}.mean"]  # per object patch: the claim's items
+    assert len(items) == round(share * res["visual_tokens"])
+    np.testing.assert_allclose(np.mean(items), res[f"interpretable_object.{lens}.mean"])
     assert res[f"interpretable_specific.{lens}.mean"] <= res[f"interpretable.{lens}.mean"] + 1e-12
   table = open(os.path.join(out, "table.md")).read()
   assert table.count("\n| ") == 3 * (n_layers + 1 + 1)  # 3 tables: header, layers, mean

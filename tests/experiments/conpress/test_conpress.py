@@ -424,6 +424,10 @@ def test_run_on_canned_answers_measures_filters_and_fine_tunes(tmp_path, monkeyp
   assert seen[29:] == [[e["question"]] for e in test.entries] and res["rft.accuracy_after"] == 1.0
   assert res["rft.tokens_after"] == pytest.approx(np.mean(counts_rft)) and res["rft.loss_last"] < res["rft.loss_first"]
   assert res["sft.tokens_before"] == res["tokens_per_question.n1"]
+  # per held-out question, before and after each fine-tuning, in one order: the sft claim's paired interval
+  assert {k: len(v) for k, v in res["per_item"].items()} == {"accuracy.n1": 8, "sft.accuracy_after": 8,
+                                                             "rft.accuracy_after": 8}
+  assert np.mean(res["per_item"]["accuracy.n1"]) == res["accuracy.n1"]
   assert res["baseline.n"] == 2 and res["baseline.accuracy"] == res["accuracy.n2"] == 0.5
   recorded = splits.read(str(tmp_path))
   assert [len(recorded[s]["questions"]) for s in ("train", "test")] == [4, 8] and splits.overlaps(recorded) == []
@@ -479,4 +483,8 @@ def test_smoke_preset_from_the_cli_writes_every_key(tmp_path):
   for n in exp.NS:  # counts are capped by the preset's budget of 4 tokens per question
     assert 0 < res[f"tokens_per_question.n{n}"] <= 4 and 0 <= res[f"accuracy.n{n}"] <= 1
   assert res["sft.tokens_before"] == res["tokens_per_question.n1"]
+  # per held-out question, before and after each fine-tuning, in one order: the sft claim's paired interval
+  assert {k: len(v) for k, v in res["per_item"].items()} == {"accuracy.n1": 8, "sft.accuracy_after": 8,
+                                                             "rft.accuracy_after": 8}
+  assert np.mean(res["per_item"]["accuracy.n1"]) == res["accuracy.n1"]
   assert (tmp_path / "runs" / "conpress" / "metrics.jsonl").exists()

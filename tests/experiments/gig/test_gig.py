@@ -394,3 +394,12 @@ def test_experiment_smoke_run_replays_seen_traces_from_memory(tmp_path):
     assert len(f.readlines()) == 2
   with pytest.raises(ValueError, match="recipes must be names from"):
     gig.Config(recipes=("pizza",))
+
+
+def test_agent_scores_keep_each_world_for_the_claims_intervals():
+  runs = [{"success": s, "calls": c, "tokens": 10, "steps": 4, "memory_share": 0.5} for s, c in ((True, 3), (False, 5),
+                                                                                                   (True, 1))]
+  res = {}
+  run_gig._score(res, "cooking_sync", "gig", runs)
+  assert res["per_item"] == {"pass1.cooking_sync.gig": [1.0, 0.0, 1.0]}  # in world order: paired across methods
+  assert res["pass1.cooking_sync.gig"] == pytest.approx(2 / 3) and res["calls.cooking_sync.gig"] == 3.0
