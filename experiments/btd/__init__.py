@@ -82,12 +82,14 @@ registry.register(registry.Experiment(
         Claim("mae", "calibrated BTD has a lower MAE than majority vote, soft self-consistency and self-aggregation",
               "lower MAE than every baseline on every benchmark",
               "{mae.btd} < min({mae.majority}, {mae.soft_sc}, {mae.self_agg})",
+              diff=tuple((f"mae.{b}", "mae.btd") for b in ("majority", "soft_sc", "self_agg")),  # lower is better
               measurable="{judge_accuracy_single} > 0.4 and {items} >= 200",
               why="the judge's single verdicts are at chance (0.4: always A or always B, at the presets' tie share "
                   "0.2) or fewer than 100 items are held out, where the methods' differences are noise"),
         Claim("acc", "calibrated BTD's pairwise accuracy is at least the three baselines' (majority vote, soft "
               "self-consistency, self-aggregation)", "higher pairwise accuracy than the baselines",
               "{pairwise_acc.btd} >= max({pairwise_acc.majority}, {pairwise_acc.soft_sc}, {pairwise_acc.self_agg})",
+              diff=tuple(("pairwise_acc.btd", f"pairwise_acc.{b}") for b in ("majority", "soft_sc", "self_agg")),
               measurable="{judge_accuracy_single} > 0.4 and {items} >= 200",
               why="the judge's single verdicts are at chance (0.4: always A or always B, at the presets' tie share "
                   "0.2) or fewer than 100 items are held out, where the methods' differences are noise"),

@@ -270,7 +270,8 @@ def evaluate(verdicts_cal_IN, y_cal, verdicts_test_IN, y_test, ns: Sequence[int]
   items' `self_aggregation` scores at that n. Calibration uses the held-out split at the same n.
 
   Returns:
-    One row per (method, n): {"method", "n", "mae", "pairwise_accuracy"}.
+    One row per (method, n): {"method", "n", "mae", "pairwise_accuracy"}, and per test item its "abs_error" and
+    whether its verdict is "right" (whose means those are: the claims' paired intervals).
   """
   y_cal, y_test = np.asarray(y_cal), np.asarray(y_test)
   rows = []
@@ -287,6 +288,9 @@ def evaluate(verdicts_cal_IN, y_cal, verdicts_test_IN, y_test, ns: Sequence[int]
     if self_scores is not None and n in self_scores:
       methods["self_aggregation"] = (self_scores[n], 0.0)
     for name, (scores, band) in methods.items():
+      err = np.abs(np.asarray(scores, np.float64) - y_test.astype(np.float64))
+      right = verdicts(scores, band) == verdicts(y_test)
       rows.append({"method": name, "n": int(n), "mae": mae(scores, y_test),
-                   "pairwise_accuracy": pairwise_accuracy(scores, y_test, band)})
+                   "pairwise_accuracy": pairwise_accuracy(scores, y_test, band),
+                   "abs_error": err.tolist(), "right": right.astype(np.float64).tolist()})
   return rows

@@ -141,7 +141,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
                       self_scores=self_scores)
   with open(os.path.join(out_dir, "metrics.jsonl"), "w") as f:
     for r in rows:
-      f.write(json.dumps(r) + "\n")
+      f.write(json.dumps({k: v for k, v in r.items() if k not in ("abs_error", "right")}) + "\n")
   n_max = max(cfg.ns)
   short = {"majority": "majority", "soft_sc": "soft_sc", "self_aggregation": "self_agg", "btd": "btd",
            "btd_raw": "btd_raw"}
@@ -150,6 +150,8 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     if r["n"] == n_max:
       res[f"mae.{short[r['method']]}"] = r["mae"]
       res[f"pairwise_acc.{short[r['method']]}"] = r["pairwise_accuracy"]
+      res.setdefault("per_item", {}).update({f"mae.{short[r['method']]}": r["abs_error"],
+                                             f"pairwise_acc.{short[r['method']]}": r["right"]})
     if r["method"] == "btd":
       res[f"mae.btd.n{r['n']}"] = r["mae"]
   res["unparsed_share"] = float(np.mean(verdicts == btd.UNPARSED))

@@ -63,6 +63,11 @@ def test_samples_file_runs_end_to_end_and_btd_beats_majority_on_a_btd_judge(tmp_
   rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
   want = {"majority", "soft_sc", "btd_raw", "btd", "self_aggregation"}
   assert {r["method"] for r in rows} == want and (out / "mae_by_n.png").exists()
+  for k in ("mae.btd", "mae.majority", "pairwise_acc.btd", "pairwise_acc.self_agg"):  # the claims' paired items
+    assert len(res["per_item"][k]) == 200 and np.mean(res["per_item"][k]) == pytest.approx(res[k])
+  mae_claim = next(c for c in registry.get("btd").claims if c.id == "mae")
+  judged = claims_lib.verdict(mae_claim, [res], "full", [res["per_item"]])
+  assert judged["interval"].count("bootstrap over items") == 3 and judged["verdict"] != "not reproduced"
   # self-aggregation at full: the file's final verdicts on the evaluated half, scored independently here
   self_scores = np.array([{btd.A: 1.0, btd.B: 0.0, btd.TIE: 0.5}[_plurality(r)] for r in v[200:]])
   assert res["mae.self_agg"] == pytest.approx(float(np.mean(np.abs(self_scores - y[200:]))), abs=1e-6)
