@@ -13,7 +13,8 @@ With `diff=(A, B)` and the run's per-item scores of A and B (items.json, see `re
 declares the pairs `diff=((A, B), (A, C))`: reproduced when every interval lies above `effect`, not reproduced when
 one lies at or below it (each pair tested at 95%, their intersection needs no multiple-comparison correction). The
 part of a compound claim no interval covers ("at no more LLM calls") is its `given` rule: where it fails on every
-seed the claim is not reproduced whatever the intervals say. Without per-item scores,
+seed the claim is not reproduced whatever the intervals say. "A changes B by less than w" declares `within=w`:
+reproduced when the interval lies inside (-w, w), not reproduced when it lies wholly outside. Without per-item scores,
 over several seeds a claim is reproduced or not reproduced when every seed agrees, and unstable (with the spread
 of its keys) when they do not.
 
@@ -83,6 +84,8 @@ class Claim:
       pairs ((A, B), (A, C)) for a claim that A beats each of B and C.
     effect: the claimed difference: reproduced when the interval of A - B lies above it, not reproduced when
       it lies at or below it (0: "A beats B"; -0.01: "A loses less than 0.01").
+    within: a two-sided claim, "A and B differ by less than `within`" (with one diff pair; 0: none): reproduced
+      when the interval lies inside (-within, within), not reproduced when it lies at or beyond either end.
     given: the rest of a compound claim, which the intervals do not cover (same language as `check`; "" when
       none): with intervals, not reproduced where it fails on every seed, unstable where the seeds disagree.
   """
@@ -95,6 +98,7 @@ class Claim:
   why: str = ""
   diff: tuple[str, str] | tuple[tuple[str, str], ...] | None = None
   effect: float = 0.0
+  within: float = 0.0
   given: str = ""
 
   def __post_init__(self):
@@ -115,6 +119,10 @@ class Claim:
       if self.diff is None or not _KEY.findall(self.given):
         raise ValueError(f"claim {self.id!r}: given {self.given!r} needs a diff and a {{results key}}")
       _parse(self.given, self.id)
+    if self.within and not (self.within > 0 and math.isfinite(self.within) and len(self.pairs) == 1
+                            and not self.effect):
+      raise ValueError(f"claim {self.id!r}: within must be a positive number with one diff pair and no effect, "
+                       f"found within={self.within}, diff={self.diff!r}, effect={self.effect}")
     if not math.isfinite(self.effect):
       raise ValueError(f"claim {self.id!r}: effect must be finite, found {self.effect}")
 
@@ -348,6 +356,13 @@ def verdict(claim: Claim, results_per_seed: list[dict], preset: str,
         return dict(out, verdict=_worded(claim, NOT_REPRODUCED))
       if not all(rest):
         return dict(out, verdict=f"{UNSTABLE} ({sum(map(bool, rest))} of {len(rest)} seeds hold {claim.given})")
+    if claim.within:
+      (iv,) = ivs
+      if -claim.within < iv["low"] and iv["high"] < claim.within:
+        return dict(out, verdict=_worded(claim, REPRODUCED))
+      if iv["low"] >= claim.within or iv["high"] <= -claim.within:
+        return dict(out, verdict=_worded(claim, NOT_REPRODUCED))
+      return dict(out, verdict=f"{INCONCLUSIVE} ({_n(iv)})")
     if all(iv["low"] > claim.effect for iv in ivs):
       return dict(out, verdict=_worded(claim, REPRODUCED))
     if any(iv["high"] <= claim.effect for iv in ivs):

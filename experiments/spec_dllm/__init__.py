@@ -151,12 +151,15 @@ registry.register(registry.Experiment(
         Claim("accuracy_kept", "speculative decoding changes accuracy by less than 1 point against Fast-dLLM with "
               "its dual cache", "< 1% accuracy change",
               "abs({accuracy.speculative_dual_cache} - {accuracy.fast_dllm_dual_cache}) < 0.01",
+              diff=("accuracy.speculative_dual_cache", "accuracy.fast_dllm_dual_cache"), within=0.01,
               measurable="min({accuracy.speculative_dual_cache}, {accuracy.fast_dllm_dual_cache}) < 1 and "
                          "max({accuracy.speculative_dual_cache}, {accuracy.fast_dllm_dual_cache}) > 0",
               why="both methods at accuracy 1 (the ceiling) or 0 (the floor), where no change can show"),
         Claim("fast_dllm", "Fast-dLLM's threshold decoding cuts NFE against vanilla, losing < 1 point",
               "GSM8K 79.3% at 6.7 tok/s -> 78.5% at 54.4 tok/s",
               "{nfe_ratio.vanilla_over_fast_dllm} > 1 and {accuracy.fast_dllm} >= {accuracy.vanilla} - 0.01",
+              diff=("accuracy.fast_dllm", "accuracy.vanilla"), effect=-0.01,
+              given="{nfe_ratio.vanilla_over_fast_dllm} > 1",
               measurable="min({accuracy.fast_dllm}, {accuracy.vanilla}) < 1 and "
                          "max({accuracy.fast_dllm}, {accuracy.vanilla}) > 0",
               why="both decoders at accuracy 1 (the ceiling) or 0 (the floor), where no loss can show"),

@@ -320,6 +320,25 @@ def test_beating_each_of_several_needs_every_interval_and_the_given_rule():
     claims_lib.Claim("x", "t", "p", "{a} > {b}", given="{a} > 0")
 
 
+def test_a_two_sided_claim_needs_its_interval_inside_the_band():
+  kept = claims_lib.Claim("kept", "A changes accuracy by less than 1 point", "< 1%", "abs({acc.a} - {acc.b}) < 0.01",
+                          diff=("acc.a", "acc.b"), within=0.01)
+  same = np.tile([1.0, 0.0], 500)
+
+  def judge(a, b):
+    return claims_lib.verdict(kept, [{"acc.a": a.mean(), "acc.b": b.mean()}], "cpu", [{"acc.a": a, "acc.b": b}])["verdict"]
+
+  assert judge(same, same) == "reproduced"  # identical answers: the interval is [0, 0]
+  flipped = same.copy()
+  flipped[:200:2] = 0.0  # 100 of 1000 answers turned wrong: 10 points lost
+  assert judge(flipped, same) == "not reproduced" and judge(same, flipped) == "not reproduced"
+  few = same.copy()
+  few[:20:2] = 0.0  # 1 point lost, some items: the interval straddles the band's end
+  assert judge(few, same) == "inconclusive (n=1000)"
+  with pytest.raises(ValueError, match="within must be a positive number with one diff pair"):
+    claims_lib.Claim("x", "t", "p", "{a} > {b}", diff=(("a", "b"), ("a", "c")), within=0.01)
+
+
 def test_macro_items_mean_is_the_macro_mean():
   rng = np.random.default_rng(3)
   groups = rng.choice(["a", "b", "c"], size=50, p=[0.6, 0.3, 0.1])

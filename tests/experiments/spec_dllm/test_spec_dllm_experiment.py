@@ -4,6 +4,7 @@ import math
 import os
 import time
 
+import numpy as np
 import pytest
 
 from experiments import registry
@@ -26,6 +27,9 @@ def test_smoke_preset_writes_every_result(tmp_path):
   # exact speculative decoding of the vanilla sampler decodes vanilla's tokens, in no more forwards
   assert results["accuracy.speculative_vanilla"] == results["accuracy.vanilla"]
   assert results["nfe.speculative_vanilla"] <= results["nfe.vanilla"]
+  items = registry.read_items(out_dir)  # each problem's 0/1 per method: the accuracy claims' paired intervals
+  for m in METHODS:
+    assert np.mean(items[f"accuracy.{m}"]) == pytest.approx(results[f"accuracy.{m}"])
   # wall-clock speed-up and tokens-per-step ratio of the claims' pair, from the recorded seconds and tokens per step
   pair = "speculative_dual_cache_over_fast_dllm_dual_cache"
   assert math.isclose(results[f"speedup.{pair}"],
