@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from experiments._shared import adapters as common
+from experiments._shared import adapters as common, records
 from experiments._shared import chat_models
 from experiments import registry
-from experiments.runner import claims, splits as splits_lib
+from experiments.runner import splits as splits_lib
 from jaxlab.adapters import fslora
 from jaxlab.data.tasks import arithmetic
 from jaxlab.evals import answers
@@ -177,7 +177,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     common.write_completions(completions_path, name, tested, last["completions"])
     right = [float(answers.exact_match(c, e.answer)) for c, e in zip(last["completions"], tested)]
     # per item, paired across methods; over tasks weighted so that their mean is the macro mean `accuracy`
-    items[f"accuracy.{name}"] = claims.macro_items(right, [e.label for e in tested]) if by_task else right
+    items[f"accuracy.{name}"] = records.macro_items(right, [e.label for e in tested]) if by_task else right
     print(f"fslora: {name} accuracy {h[-1]['accuracy']:.3f} after {h[-1]['upload_bytes'] / 2**20:.2f} MiB "
           "uploaded", flush=True)
   writer.close()

@@ -24,7 +24,6 @@ low): judged the same way, worded "passed" / "failed", and reported apart from t
 from __future__ import annotations
 
 import ast
-import collections
 import dataclasses
 import math
 import operator
@@ -279,18 +278,6 @@ def bootstrap(a_per_seed: list, b_per_seed: list, resamples: int = RESAMPLES, le
   low, high = np.percentile(np.concatenate(means), [tail, 100 - tail])
   return {"mean": float(a.mean() - b.mean()), "low": float(low), "high": float(high), "n": int(len(a)),
           "n_b": int(len(b)), "paired": paired}
-
-
-def macro_items(values, groups) -> list[float]:
-  """Per-item scores whose plain mean is the macro mean of `values` over `groups` (each group's mean, then their
-  mean): item i scaled by n / (k n_g), with n items, k groups and n_g items in its group. What a claim on a macro
-  mean records as its per-item scores; the bootstrap then resamples items, not groups (exact when the groups are
-  equal in size, an approximation otherwise)."""
-  values, groups = np.asarray(values, np.float64), list(groups)
-  if len(values) != len(groups):
-    raise ValueError(f"macro_items: {len(values)} values but {len(groups)} groups")
-  size = collections.Counter(groups)
-  return [float(v * len(groups) / (len(size) * size[g])) for v, g in zip(values, groups)]
 
 
 def _intervals(claim: Claim, items_per_seed: list[dict] | None) -> list[dict] | None:

@@ -28,7 +28,10 @@ def _fewer_seeds(report: dict) -> str:
 
 def _commits(report: dict) -> str:
   commits = report.get("commits") or []
-  return f" at commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}" if commits else ""
+  earlier = sorted({c for e in report.get("experiments", {}).values() for c in e.get("made_at", ())})
+  reused = (f" (runs of {', '.join(n for n, e in sorted(report['experiments'].items()) if e.get('made_at'))} read "
+            f"back from {', '.join(earlier)}, where every source file they ran is unchanged)") if earlier else ""
+  return f" at commit{'s' if len(commits) > 1 else ''} {', '.join(commits)}{reused}" if commits else ""
 
 
 def _source(report: dict) -> str:

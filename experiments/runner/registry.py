@@ -416,6 +416,9 @@ def run_experiment(name: str, preset: str, overrides=(), out: str | None = None,
         json.dump(items, f)
     with open(os.path.join(out_dir, "results.json"), "w") as f:
       json.dump(results, f, indent=1, default=str)
+    if (files := provenance.sources()) is not None:
+      with open(os.path.join(out_dir, provenance.SOURCES_FILE), "w") as f:
+        json.dump(files, f, indent=0)
     write_summary(out_dir, name, preset, list(overrides), results)
   exp.check_results(results)
   if exp.paper is not None and not os.path.exists(os.path.join(out_dir, SPLITS_FILE)):

@@ -1,7 +1,8 @@
 """`python -m experiments reproduce`: every experiment (optionally over several seeds), then the claims report.
 
 Resumable: a (experiment, seed) whose run directory under the root already holds results for the same preset
-and config, made at the current git commit from a clean tree (`provenance`), is read, not rerun (`force=True`
+and config, made from a clean tree at the current git commit or at an earlier one where every source file it ran is
+unchanged (`provenance.same_code`; the report names the commit it was made at), is read, not rerun (`force=True`
 reruns it into a fresh directory, keeping the old one); one that holds the same config and code without results
 (an interrupted run) is resumed. A run of other code is kept and run again in a fresh directory, unless
 `reuse_any` (`--reuse-any`) takes a run of any code; the report records the command and its runs' commits.
@@ -43,14 +44,23 @@ def _saved(run_dir: str) -> dict | None:
     return None
 
 
+def _sources(run_dir: str) -> list[str] | None:
+  try:
+    with open(os.path.join(run_dir, provenance.SOURCES_FILE)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
 def matching_run(base: str, preset: str, cfg, code: dict | None = None) -> tuple[str | None, bool]:
   """(directory, done): the run under `base` or `base-K` with this preset and config (done when it has
-  results.json), or (None, False); with `code` (`provenance.current()`), only one made by that code."""
+  results.json), or (None, False); with `code` (`provenance.current()`), only one made by that code: at its
+  commit, or, finished, at an earlier one with every source file it computed with unchanged."""
   want = config_dict(cfg)
   for d in _candidates(base):
     meta = _saved(d)
     if meta and meta.get("preset") == preset and meta.get("config") == want and (
-        code is None or provenance.same_code(meta, code)):
+        code is None or provenance.same_code(meta, code, _sources(d))):
       return os.path.abspath(d), os.path.exists(os.path.join(d, "results.json"))
   return None, False
 
@@ -174,7 +184,10 @@ def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = F
     entries[name]["run_dirs"].append(out_dir)
     entries[name]["results_per_seed"].append(results)
     entries[name]["items_per_seed"].append(registry.read_items(out_dir))
-    entries[name]["commits"].append(provenance.label(results))
+    made = provenance.label(results)  # a run read back from an earlier commit counts as this code's, noted
+    entries[name]["commits"].append(made if code is None else provenance.label(code))
+    if code is not None and made != provenance.label(code):
+      entries[name].setdefault("made_at", []).append(made)
   report = build(list(entries.values()), exps, preset, seeds, command(preset, seeds, only, reuse_any))
   os.makedirs(root, exist_ok=True)
   with open(os.path.join(root, "claims.json"), "w") as f:

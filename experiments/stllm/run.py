@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments._shared import recipes, vlm_pipeline as pipe
-from experiments.runner import claims, splits
+from experiments._shared import recipes, records, vlm_pipeline as pipe
+from experiments.runner import splits
 from experiments.stllm import data as data_lib, full, judge as judge_lib, model as model_lib, rea
 from jaxlab import losses
 from jaxlab import sharding as shd
@@ -273,7 +273,7 @@ def scores(preds, qs, model: str, judged=None) -> dict:
     res[f"judge_invalid.{model}"] = float(np.mean([v is None for v in judged]))
   both = [i for t in rea.NEEDS_BOTH for i in by[t]]
   right = [judged[i] is True if judged is not None else preds[i] == qs[i].answer for i in both]
-  res["per_item"] = {f"mean_both.{model}": claims.macro_items(right, [qs[i].task for i in both])}
+  res["per_item"] = {f"mean_both.{model}": records.macro_items(right, [qs[i].task for i in both])}
   return res
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from experiments import __main__ as cli
+from experiments._shared import records
 from experiments import registry
 from experiments.runner import claims as claims_lib
 from experiments.runner import provenance, splits
@@ -344,10 +345,10 @@ def test_macro_items_mean_is_the_macro_mean():
   groups = rng.choice(["a", "b", "c"], size=50, p=[0.6, 0.3, 0.1])
   values = rng.random(50)
   macro = np.mean([values[groups == g].mean() for g in np.unique(groups)])
-  assert np.mean(claims_lib.macro_items(values, groups)) == pytest.approx(macro)
-  assert claims_lib.macro_items([1.0, 0.0], ["x", "y"]) == [1.0, 0.0]  # equal groups: the scores unchanged
+  assert np.mean(records.macro_items(values, groups)) == pytest.approx(macro)
+  assert records.macro_items([1.0, 0.0], ["x", "y"]) == [1.0, 0.0]  # equal groups: the scores unchanged
   with pytest.raises(ValueError, match="3 values but 2 groups"):
-    claims_lib.macro_items([1, 0, 1], ["x", "y"])
+    records.macro_items([1, 0, 1], ["x", "y"])
 
 
 def test_without_per_item_scores_the_rule_decides_and_says_so():
@@ -452,6 +453,73 @@ def test_runs_of_other_code_are_run_again_unless_reuse_any(toy, tmp_path, monkey
   assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_b", "--reuse-any"]) == 0
   report = json.load(open(os.path.join(root, "claims.json")))
   assert RUNS == [] and report["commits"] == ["c0ffeec0ffee"] and report["command"].endswith("--reuse-any")
+
+
+def test_a_run_of_an_earlier_commit_is_read_back_where_its_sources_are_unchanged(toy, tmp_path, monkeypatch):
+  root = str(tmp_path / "runs")
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 0
+  files = json.load(open(os.path.join(root, "toy_a", provenance.SOURCES_FILE)))
+  assert "experiments/runner/registry.py" in files and "pyproject.toml" in files
+  assert not set(files) & set(provenance.JUDGING)
+  asked = []
+  monkeypatch.setattr(provenance, "current", lambda: dict(CODE, git_commit="beef" * 10))  # a later commit
+  monkeypatch.setattr(provenance, "unchanged", lambda c, now, fs: asked.append((c, fs)) or True)
+  RUNS.clear()
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 0
+  assert RUNS == [] and asked == [(CODE["git_commit"], files)]  # read back: its files are as they were
+  report = json.load(open(os.path.join(root, "claims.json")))
+  assert report["commits"] == ["beefbeefbeef"] and report["experiments"]["toy_a"]["made_at"] == ["c0ffeec0ffee"]
+  assert readme_lib._commits(report) == (" at commit beefbeefbeef (runs of toy_a read back from c0ffeec0ffee, where "
+                                         "every source file they ran is unchanged)")
+  monkeypatch.setattr(provenance, "unchanged", lambda c, now, fs: False)  # a file it ran has changed
+  assert cli.main(["reproduce", "--preset", "cpu", "--root", root, "--only", "toy_a"]) == 0
+  assert RUNS == [(0, f"{root}/toy_a-2")]
+
+
+def test_unchanged_compares_the_named_files_between_commits(tmp_path, monkeypatch):
+  import subprocess
+  repo = tmp_path / "repo"
+  repo.mkdir()
+  git = lambda *a: subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *a],
+                                  check=True, capture_output=True, text=True).stdout.strip()
+  git("init", "-q")
+  (repo / "a.py").write_text("a = 1\n")
+  (repo / "b.py").write_text("b = 1\n")
+  git("add", "-A")
+  git("commit", "-qm", "one")
+  first = git("rev-parse", "HEAD")
+  (repo / "b.py").write_text("b = 2\n")
+  git("commit", "-qam", "two")
+  monkeypatch.setattr(provenance, "REPO", str(repo))
+  now = provenance.current()
+  assert now["git_dirty"] is False and now["git_commit"] != first
+  assert provenance.unchanged(first, now, ["a.py"]) and not provenance.unchanged(first, now, ["a.py", "b.py"])
+  saved = {"git_commit": first, "git_dirty": False}
+  assert provenance.same_code(saved, now, ["a.py"]) and not provenance.same_code(saved, now)  # no file list
+  assert not provenance.same_code(dict(saved, git_dirty=True), now, ["a.py"])
+  assert not provenance.unchanged("0" * 40, now, ["a.py"])  # a commit this clone does not have
+  (repo / "a.py").write_text("a = 3\n")
+  assert not provenance.unchanged(first, provenance.current(), ["a.py"])  # a dirty tree is no commit's code
+
+
+def test_sources_are_the_loaded_modules_less_judging_and_registration_only_packages(monkeypatch):
+  import types
+  fake = {}
+  for name, rel in (("experiments.toy_only_init", "experiments/toy_only_init/__init__.py"),
+                    ("experiments.toy_used", "experiments/toy_used/__init__.py"),
+                    ("experiments.toy_used.run", "experiments/toy_used/run.py")):
+    m = types.ModuleType(name)
+    m.__file__ = os.path.join(provenance.REPO, rel)
+    fake[name] = m
+  monkeypatch.setattr("sys.modules", {**__import__("sys").modules, **fake})
+  files = provenance.sources()
+  assert "experiments/toy_used/run.py" in files and "experiments/toy_used/__init__.py" in files
+  assert "experiments/toy_only_init/__init__.py" not in files and "experiments/runner/claims.py" not in files
+  assert "jaxlab/__init__.py" in files and ".ci/constraints.txt" in files
+  outside = types.ModuleType("jaxlab.elsewhere")
+  outside.__file__ = "/elsewhere/jaxlab/elsewhere.py"
+  monkeypatch.setitem(__import__("sys").modules, "jaxlab.elsewhere", outside)
+  assert provenance.sources() is None  # another checkout's module: only the commit can tell
 
 
 def test_judge_rejudges_a_reproduce_root_with_todays_claims(toy_items, tmp_path, capsys, monkeypatch):

@@ -116,7 +116,8 @@ def test_reproduce_writes_runs_and_report(tmp_path, monkeypatch):
   root = str(tmp_path / "runs")
   assert cli.main(["reproduce", "--preset", "cpu", "--root", root]) == 1  # one experiment failed
   run_dir = os.path.join(root, "toy")
-  assert sorted(os.listdir(run_dir)) == ["config.json", "loss.png", "metrics.jsonl", "results.json", "summary.md"]
+  assert sorted(os.listdir(run_dir)) == ["config.json", "loss.png", "metrics.jsonl", "results.json",
+                                         "sources.json", "summary.md"]
   results = json.load(open(os.path.join(run_dir, "results.json")))
   assert results["final_loss"] == pytest.approx(0.1) and results["nested.a"] == 1
   assert json.load(open(os.path.join(run_dir, "config.json")))["config"]["steps"] == 3
