@@ -14,7 +14,8 @@ declares the pairs `diff=((A, B), (A, C))`: reproduced when every interval lies 
 one lies at or below it (each pair tested at 95%, their intersection needs no multiple-comparison correction). The
 part of a compound claim no interval covers ("at no more LLM calls") is its `given` rule: where it fails on every
 seed the claim is not reproduced whatever the intervals say. "A changes B by less than w" declares `within=w`:
-reproduced when the interval lies inside (-w, w), not reproduced when it lies wholly outside. Without per-item scores,
+reproduced when the interval lies inside (-w, w), not reproduced when it lies wholly outside. A ratio claim ("A at
+most half of B") scales the arrays: `scale=(0.5, 1)` with `diff=(B, A)` judges 0.5 B - A. Without per-item scores,
 over several seeds a claim is reproduced or not reproduced when every seed agrees, and unstable (with the spread
 of its keys) when they do not.
 
@@ -83,6 +84,8 @@ class Claim:
       pairs ((A, B), (A, C)) for a claim that A beats each of B and C.
     effect: the claimed difference: reproduced when the interval of A - B lies above it, not reproduced when
       it lies at or below it (0: "A beats B"; -0.01: "A loses less than 0.01").
+    scale: (a, b), the factors of the difference: the interval is of a mean(A) - b mean(B) (a ratio claim, "A is
+      at least 1.5x B": diff=(A, B), scale=(1, 1.5)).
     within: a two-sided claim, "A and B differ by less than `within`" (with one diff pair; 0: none): reproduced
       when the interval lies inside (-within, within), not reproduced when it lies at or beyond either end.
     given: the rest of a compound claim, which the intervals do not cover (same language as `check`; "" when
@@ -97,6 +100,7 @@ class Claim:
   why: str = ""
   diff: tuple[str, str] | tuple[tuple[str, str], ...] | None = None
   effect: float = 0.0
+  scale: tuple[float, float] = (1.0, 1.0)
   within: float = 0.0
   given: str = ""
 
@@ -122,6 +126,8 @@ class Claim:
                             and not self.effect):
       raise ValueError(f"claim {self.id!r}: within must be a positive number with one diff pair and no effect, "
                        f"found within={self.within}, diff={self.diff!r}, effect={self.effect}")
+    if len(self.scale) != 2 or not all(isinstance(f, (int, float)) and math.isfinite(f) and f > 0 for f in self.scale):
+      raise ValueError(f"claim {self.id!r}: scale must be two positive numbers, found {self.scale!r}")
     if not math.isfinite(self.effect):
       raise ValueError(f"claim {self.id!r}: effect must be finite, found {self.effect}")
 
@@ -290,7 +296,7 @@ def _intervals(claim: Claim, items_per_seed: list[dict] | None) -> list[dict] | 
     arrays = [[_scores((items or {}).get(name)) for items in items_per_seed] for name in pair]
     if any(x is None for side in arrays for x in side):
       return None
-    out.append(bootstrap(*arrays))
+    out.append(bootstrap(*([f * x for x in side] for f, side in zip(claim.scale, arrays))))
   return out
 
 
@@ -298,8 +304,9 @@ def _n(iv: dict) -> str:
   return f"n={iv['n']}" + ("" if iv["paired"] else f" vs {iv['n_b']}")
 
 
-def _describe(pair: tuple[str, ...], iv: dict) -> str:
-  return (f"{pair[0]} - {pair[1]} = {iv['mean']:.4g}, {LEVEL:.0%} interval [{iv['low']:.4g}, "
+def _describe(claim: Claim, pair: tuple[str, ...], iv: dict) -> str:
+  a, b = (f"{f:g} {name}" if f != 1 else name for f, name in zip(claim.scale, pair))
+  return (f"{a} - {b} = {iv['mean']:.4g}, {LEVEL:.0%} interval [{iv['low']:.4g}, "
           f"{iv['high']:.4g}] ({_n(iv)}, {'paired' if iv['paired'] else 'unpaired'}, bootstrap over items)")
 
 
@@ -334,7 +341,7 @@ def verdict(claim: Claim, results_per_seed: list[dict], preset: str,
     return dict(out, verdict=f"{NOT_MEASURABLE}: {claim.why} ({figures})")
   ivs = _intervals(claim, items_per_seed)
   if ivs is not None:
-    out.update(interval="; ".join(_describe(p, iv) for p, iv in zip(claim.pairs, ivs)),
+    out.update(interval="; ".join(_describe(claim, p, iv) for p, iv in zip(claim.pairs, ivs)),
                interval_bounds=[[iv["low"], iv["high"]] for iv in ivs])
     if claim.given:
       out["given"] = claim.given

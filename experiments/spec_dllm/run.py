@@ -165,7 +165,8 @@ def decode(method: str, params, mc: mdm.Config, prompts, cfg: Config, threshold:
 
 def evaluate(method, params, mc, batches, cfg: Config, threshold: float, score):
   """Runs `method` over [(prompts, prompt_mask, refs)]; the first batch is run twice (compile excluded); seconds is
-  the decoding wall time alone (scoring excluded); "correct" holds each problem's 0/1."""
+  the decoding wall time alone (scoring excluded); "correct" and "nfes" hold each problem's 0/1 and NFE (per
+  problem, paired across methods)."""
   decode(method, params, mc, batches[0][0], cfg, threshold, batches[0][1]).tokens.block_until_ready()
   correct, nfe, secs = [], [], 0.0
   for prompts, pm, refs in batches:
@@ -178,7 +179,7 @@ def evaluate(method, params, mc, batches, cfg: Config, threshold: float, score):
   correct, nfe = np.concatenate(correct), np.concatenate(nfe)
   return {"accuracy": float(correct.mean()), "nfe": float(nfe.mean()),
           "tokens_per_step": float(cfg.gen_length * len(nfe) / nfe.sum()), "seconds": round(secs, 3),
-          "correct": correct.astype(np.float64).tolist()}
+          "correct": correct.astype(np.float64).tolist(), "nfes": nfe.astype(np.float64).tolist()}
 
 
 def _load_jsonl(path: str, n: int) -> list[dict]:
@@ -338,7 +339,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
   curves = {}
   for m in cfg.methods:
     r = evaluate(m, params, mc, batches, cfg, cfg.threshold, score)
-    results.setdefault("per_item", {})[f"accuracy.{m}"] = r.pop("correct")  # per problem, paired across methods
+    results.setdefault("per_item", {}).update({f"accuracy.{m}": r.pop("correct"), f"nfe.{m}": r.pop("nfes")})
     for k, v in r.items():
       results[f"{k}.{m}"] = v
     curves.setdefault(m, []).append((r["nfe"], r["accuracy"]))

@@ -340,6 +340,23 @@ def test_a_two_sided_claim_needs_its_interval_inside_the_band():
     claims_lib.Claim("x", "t", "p", "{a} > {b}", diff=(("a", "b"), ("a", "c")), within=0.01)
 
 
+def test_a_ratio_claim_scales_the_arrays():
+  half = claims_lib.Claim("half", "A is at most half of B", "x", "{a} <= 0.5 * {b}", diff=("b", "a"), scale=(0.5, 1))
+  b = np.tile([1.0, 1.0, 0.0, 0.0], 100)  # 0.5
+
+  def judge(a):
+    return claims_lib.verdict(half, [{"a": a.mean(), "b": b.mean()}], "cpu", [{"a": a, "b": b}])
+
+  v = judge(np.zeros(400))
+  assert v["verdict"] == "reproduced" and v["interval"].startswith("0.5 b - a = 0.25, ")
+  assert judge(b.copy())["verdict"] == "not reproduced"  # not cut at all: 0.5 b - a = -0.25
+  one = np.zeros(400)
+  one[:100] = 1.0  # 0.25: exactly half; the interval straddles 0
+  assert judge(one)["verdict"] == "inconclusive (n=400)"
+  with pytest.raises(ValueError, match="scale must be two positive numbers"):
+    claims_lib.Claim("x", "t", "p", "{a} > {b}", diff=("a", "b"), scale=(0.0, 1.0))
+
+
 def test_macro_items_mean_is_the_macro_mean():
   rng = np.random.default_rng(3)
   groups = rng.choice(["a", "b", "c"], size=50, p=[0.6, 0.3, 0.1])

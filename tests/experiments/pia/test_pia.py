@@ -125,10 +125,12 @@ def test_smoke_preset_end_to_end(tmp_path):
   for claim in reg.claims:
     assert all(k in res for k in claim.keys), claim.id
   assert len(res["ple.asr_by_generation"]) == 2 and 0.0 <= res["ple.best_asr"] <= 1.0
-  items = res["per_item"]  # paired per (held-out persona, test prompt): each ASR is its mean
-  assert len({len(v) for v in items.values()}) == 1
-  for name in ("before", "after_picl", "after_dpo_only"):
-    assert np.mean(items[f"asr.{name}"]) == pytest.approx(res[f"asr.{name}"])
+  items = res["per_item"]  # paired per (persona, prompt) or problem across models: each figure is its mean
+  for key in ("asr", "over_refusal", "utility"):
+    assert len({len(items[f"{key}.{name}"]) for name in ("before", "after_picl", "after_dpo_only")}) == 1
+    for name in ("before", "after_picl", "after_dpo_only"):
+      assert np.mean(items[f"{key}.{name}"]) == pytest.approx(res[f"{key}.{name}"])
+  assert np.mean(items["asr.seed_personas_before"]) == pytest.approx(res["asr.seed_personas_before"])
   assert res["ple.best_asr"] >= max(res["ple.asr_by_generation"])
   rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert {r["phase"] for r in rows} == {"ple", "ple_heldout", "picl", "dpo_only"}

@@ -30,6 +30,7 @@ def test_smoke_preset_writes_every_result(tmp_path):
   items = registry.read_items(out_dir)  # each problem's 0/1 per method: the accuracy claims' paired intervals
   for m in METHODS:
     assert np.mean(items[f"accuracy.{m}"]) == pytest.approx(results[f"accuracy.{m}"])
+    assert np.mean(items[f"nfe.{m}"]) == pytest.approx(results[f"nfe.{m}"])
   # wall-clock speed-up and tokens-per-step ratio of the claims' pair, from the recorded seconds and tokens per step
   pair = "speculative_dual_cache_over_fast_dllm_dual_cache"
   assert math.isclose(results[f"speedup.{pair}"],
