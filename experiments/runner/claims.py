@@ -17,7 +17,8 @@ seed the claim is not reproduced whatever the intervals say. "A changes B by les
 reproduced when the interval lies inside (-w, w), not reproduced when it lies wholly outside. A ratio claim ("A at
 most half of B") scales the arrays: `scale=(0.5, 1)` with `diff=(B, A)` judges 0.5 B - A. Without per-item scores,
 over several seeds a claim is reproduced or not reproduced when every seed agrees, and unstable (with the spread
-of its keys) when they do not.
+of its keys) when they do not; with them, unstable when one seed's own interval reproduces the claim and another's
+refutes it (the pooled interval counts items, not the training runs that made them).
 
 A `Check` is a harness self-check (the benchmark's references behave as designed, a constructed-wrong agent scores
 low): judged the same way, worded "passed" / "failed", and reported apart from the paper's claims.
@@ -310,6 +311,22 @@ def _describe(claim: Claim, pair: tuple[str, ...], iv: dict) -> str:
           f"{iv['high']:.4g}] ({_n(iv)}, {'paired' if iv['paired'] else 'unpaired'}, bootstrap over items)")
 
 
+def _interval_verdict(claim: Claim, ivs: list[dict]) -> str:
+  """Reproduced, not reproduced or "inconclusive (n=...)" by the intervals of the claim's pairs (`effect`,
+  `within`)."""
+  if claim.within:
+    (iv,) = ivs
+    if -claim.within < iv["low"] and iv["high"] < claim.within:
+      return REPRODUCED
+    if iv["low"] >= claim.within or iv["high"] <= -claim.within:
+      return NOT_REPRODUCED
+  elif all(iv["low"] > claim.effect for iv in ivs):
+    return REPRODUCED
+  elif any(iv["high"] <= claim.effect for iv in ivs):
+    return NOT_REPRODUCED
+  return f"{INCONCLUSIVE} ({', '.join(dict.fromkeys(_n(iv) for iv in ivs))})"
+
+
 def _worded(claim: Claim, v: str) -> str:
   if isinstance(claim, Check):
     return {REPRODUCED: PASSED, NOT_REPRODUCED: CHECK_FAILED}.get(v, v)
@@ -350,18 +367,13 @@ def verdict(claim: Claim, results_per_seed: list[dict], preset: str,
         return dict(out, verdict=_worded(claim, NOT_REPRODUCED))
       if not all(rest):
         return dict(out, verdict=f"{UNSTABLE} ({sum(map(bool, rest))} of {len(rest)} seeds hold {claim.given})")
-    if claim.within:
-      (iv,) = ivs
-      if -claim.within < iv["low"] and iv["high"] < claim.within:
-        return dict(out, verdict=_worded(claim, REPRODUCED))
-      if iv["low"] >= claim.within or iv["high"] <= -claim.within:
-        return dict(out, verdict=_worded(claim, NOT_REPRODUCED))
-      return dict(out, verdict=f"{INCONCLUSIVE} ({_n(iv)})")
-    if all(iv["low"] > claim.effect for iv in ivs):
-      return dict(out, verdict=_worded(claim, REPRODUCED))
-    if any(iv["high"] <= claim.effect for iv in ivs):
-      return dict(out, verdict=_worded(claim, NOT_REPRODUCED))
-    return dict(out, verdict=f"{INCONCLUSIVE} ({', '.join(dict.fromkeys(_n(iv) for iv in ivs))})")
+    pooled = _interval_verdict(claim, ivs)
+    if len(items_per_seed) > 1:  # seeds whose own intervals contradict each other: training noise dominates
+      own = [_interval_verdict(claim, _intervals(claim, [items])) for items in items_per_seed]
+      if REPRODUCED in own and NOT_REPRODUCED in own:
+        return dict(out, verdict=f"{UNSTABLE} ({own.count(REPRODUCED)} of {len(own)} seeds reproduced, "
+                                 f"{own.count(NOT_REPRODUCED)} not, each by its own interval)")
+    return dict(out, verdict=pooled if kind(pooled) == INCONCLUSIVE else _worded(claim, pooled))
   if all(each):
     return dict(out, verdict=_worded(claim, REPRODUCED))
   if not any(each):

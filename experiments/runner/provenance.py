@@ -10,6 +10,7 @@ run is never taken for the current code.
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 
@@ -70,6 +71,25 @@ def unchanged(commit: str, now: dict, files) -> bool:
   if not files or now.get("git_dirty") is not False or now.get("git_commit") in (None, UNKNOWN):
     return False
   return _git("diff", "--quiet", commit, now["git_commit"], "--", *files) is not None
+
+
+def host() -> dict:
+  """The CPU a run computed on: its model name and widest vector extension, which change XLA:CPU's code and so
+  the low bits of every float (a cpu-preset figure can differ between machines at one commit)."""
+  model, flags = platform.processor() or platform.machine(), set()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model in ("", platform.machine()):
+          model = value.strip()
+        elif key.strip() == "flags":
+          flags = set(value.split())
+          break
+  except OSError:
+    pass
+  simd = next((s for s in ("avx512f", "avx2", "avx", "sse4_2", "neon", "asimd") if s in flags), "unknown")
+  return {"cpu_model": model, "simd": simd}
 
 
 def same_code(saved: dict, now: dict, files=None) -> bool:

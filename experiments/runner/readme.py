@@ -38,7 +38,8 @@ def _source(report: dict) -> str:
   m = report["machine"]
   cmd = report.get("command") or (  # a report from before reports named their command
       f"python -m experiments reproduce --preset {report['preset']} --seeds {report['seeds']}")
-  return (f"`{cmd}`{_commits(report)} on {report['generated'][:10]} ({m['processor']}, {m['cpus']} CPUs, "
+  cpu = f"{m['processor']}, {m['cpu_model']} ({m['simd']})" if m.get("cpu_model") else m["processor"]
+  return (f"`{cmd}`{_commits(report)} on {report['generated'][:10]} ({cpu}, {m['cpus']} CPUs, "
           f"jax {m['jax']}{_fewer_seeds(report)})")
 
 

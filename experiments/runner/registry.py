@@ -386,7 +386,8 @@ def run_experiment(name: str, preset: str, overrides=(), out: str | None = None,
   _barrier("jaxlab_run_dir")
   code = provenance.current()
   meta = {"experiment": name, "preset": preset, "overrides": list(overrides),
-          "started": datetime.datetime.now().isoformat(timespec="seconds"), **code, "config": config_dict(cfg)}
+          "started": datetime.datetime.now().isoformat(timespec="seconds"), **code, "host": provenance.host(),
+          "config": config_dict(cfg)}
   existed, written = os.path.isdir(out_dir), set()
   if _is_main():
     os.makedirs(out_dir, exist_ok=True)

@@ -145,7 +145,9 @@ def write_report(root: str, report: dict, filename: str = "report.md", link_plot
   path = os.path.join(root, filename)
   m = report["machine"]
   lines = [f"# jaxlab claims report (preset {report['preset']})", "",
-           f"Generated {report['generated']} on {m['processor']}, {m['cpus']} CPUs, {m['backend']} x "
+           f"Generated {report['generated']} on {m['processor']}"
+           + (f", {m['cpu_model']} ({m['simd']})" if m.get("cpu_model") else "")
+           + f", {m['cpus']} CPUs, {m['backend']} x "
            f"{m['devices']} (jax {m['jax']}; {m['platform']}); seeds per experiment: {report['seeds']}. "
            "Verdicts are computed from results.json (and items.json's per-item scores) only.", "",
            f"Command: `{report.get('command', '-')}`; runs made at commit(s) "

@@ -110,8 +110,8 @@ def _field(cfg, dotted: str):
 def machine() -> dict:
   import jax
   return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-          "cpus": os.cpu_count(), "backend": jax.default_backend(), "devices": jax.device_count(),
-          "jax": jax.__version__}
+          **provenance.host(), "cpus": os.cpu_count(), "backend": jax.default_backend(),
+          "devices": jax.device_count(), "jax": jax.__version__}
 
 
 def reproduce(preset: str, root: str, only=None, seeds: int = 1, force: bool = False,

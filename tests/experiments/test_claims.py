@@ -340,6 +340,18 @@ def test_a_two_sided_claim_needs_its_interval_inside_the_band():
     claims_lib.Claim("x", "t", "p", "{a} > {b}", diff=(("a", "b"), ("a", "c")), within=0.01)
 
 
+def test_seeds_whose_own_intervals_contradict_each_other_are_unstable():
+  rng = np.random.default_rng(4)
+  strong, weak = (rng.random(200) < 0.8).astype(float), (rng.random(200) < 0.3).astype(float)
+  seeds = [{"acc.a": strong, "acc.b": weak}, {"acc.a": weak, "acc.b": strong * 0 + 0.35}]  # seed 2: A far below
+  res = [_figures(x["acc.a"], x["acc.b"]) for x in seeds]
+  v = claims_lib.verdict(BEATS, res, "cpu", seeds)
+  assert v["verdict"] == "unstable (1 of 2 seeds reproduced, 1 not, each by its own interval)"
+  agree = [{"acc.a": strong, "acc.b": weak}, {"acc.a": strong[::-1], "acc.b": weak}]
+  assert claims_lib.verdict(BEATS, [_figures(x["acc.a"], x["acc.b"]) for x in agree], "cpu", agree)[
+      "verdict"] == "reproduced"
+
+
 def test_a_ratio_claim_scales_the_arrays():
   half = claims_lib.Claim("half", "A is at most half of B", "x", "{a} <= 0.5 * {b}", diff=("b", "a"), scale=(0.5, 1))
   b = np.tile([1.0, 1.0, 0.0, 0.0], 100)  # 0.5

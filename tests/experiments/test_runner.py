@@ -120,7 +120,10 @@ def test_reproduce_writes_runs_and_report(tmp_path, monkeypatch):
                                          "sources.json", "summary.md"]
   results = json.load(open(os.path.join(run_dir, "results.json")))
   assert results["final_loss"] == pytest.approx(0.1) and results["nested.a"] == 1
-  assert json.load(open(os.path.join(run_dir, "config.json")))["config"]["steps"] == 3
+  saved = json.load(open(os.path.join(run_dir, "config.json")))
+  assert saved["config"]["steps"] == 3
+  assert saved["host"]["cpu_model"] and saved["host"]["simd"] in ("avx512f", "avx2", "avx", "sse4_2", "neon", "asimd",
+                                                                  "unknown")  # the CPU: low float bits vary with it
   report = open(os.path.join(root, "report.md")).read()
   assert "## toy" in report and "| final_loss | 0.1 |" in report and "(toy/loss.png)" in report
   assert "## broken" in report and "RuntimeError: boom" in report
