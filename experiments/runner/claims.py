@@ -8,8 +8,9 @@ expression of the same kind: the compared figures off their floor and ceiling, t
 items); where that fails the verdict is "not measurable at this preset: <why> (<the figures>)".
 
 With `diff=(A, B)` and the run's per-item scores of A and B (items.json, see `registry`), the verdict comes from a
-95% bootstrap interval of mean(A) - mean(B) over the items, seeds pooled: reproduced when the interval lies above
-`effect`, not reproduced when it lies at or below it, otherwise "inconclusive (n=...)". "A beats each of B and C"
+95% bootstrap interval of mean(A) - mean(B) over the items, seeds pooled (and resampled: `bootstrap`): reproduced
+when the interval lies above `effect`, not reproduced when it lies at or below it, otherwise "inconclusive
+(n=...)". "A beats each of B and C"
 declares the pairs `diff=((A, B), (A, C))`: reproduced when every interval lies above `effect`, not reproduced when
 one lies at or below it (each pair tested at 95%, their intersection needs no multiple-comparison correction). The
 part of a compound claim no interval covers ("at no more LLM calls") is its `given` rule: where it fails on every
@@ -264,27 +265,36 @@ def _scores(values) -> np.ndarray | None:
 def bootstrap(a_per_seed: list, b_per_seed: list, resamples: int = RESAMPLES, level: float = LEVEL) -> dict:
   """The percentile bootstrap interval of mean(A) - mean(B), the seeds' items pooled.
 
-  Paired (items resampled together) when every seed gives A and B the same number of items, else A's and B's
-  items are resampled independently. The RNG seed is fixed: the same scores give the same interval.
+  Two levels over several seeds: each resample draws as many seeds with replacement, then each drawn seed's items,
+  so a training run's own noise widens the interval as much as its items' (one seed: its items alone). Paired
+  (items resampled together) when every seed gives A and B the same number of items, else A's and B's items are
+  resampled independently. The RNG seed is fixed: the same scores give the same interval.
 
   Returns:
-    {"mean", "low", "high", "n" (items of A, pooled), "n_b", "paired"}.
+    {"mean", "low", "high", "n" (items of A, pooled), "n_b", "paired", "seeds"}.
   """
   a, b = np.concatenate(a_per_seed), np.concatenate(b_per_seed)
   paired = all(len(x) == len(y) for x, y in zip(a_per_seed, b_per_seed))
-  rng, means = np.random.default_rng(0), []
-  chunk = max(1, 4_000_000 // max(len(a), len(b)))  # bounds the index arrays' memory
-  for start in range(0, resamples, chunk):
-    r = min(chunk, resamples - start)
-    if paired:
-      means.append((a - b)[rng.integers(0, len(a), (r, len(a)))].mean(axis=1))
-    else:
-      means.append(a[rng.integers(0, len(a), (r, len(a)))].mean(axis=1)
-                   - b[rng.integers(0, len(b), (r, len(b)))].mean(axis=1))
+  k, rng = len(a_per_seed), np.random.default_rng(0)
+  picks = rng.integers(0, k, (resamples, k)) if k > 1 else np.zeros((resamples, 1), np.int64)
+  sides = ([[np.asarray(x, np.float64) - y for x, y in zip(a_per_seed, b_per_seed)]] if paired
+           else [[np.asarray(x, np.float64) for x in per_seed] for per_seed in (a_per_seed, b_per_seed)])
+  sums, counts = np.zeros((len(sides), resamples)), np.zeros((len(sides), resamples))
+  for j in range(picks.shape[1]):
+    for s in range(k):
+      rows = np.flatnonzero(picks[:, j] == s)
+      chunk = max(1, 4_000_000 // max(len(side[s]) for side in sides))  # bounds the index arrays' memory
+      for start in range(0, len(rows), chunk):
+        at = rows[start:start + chunk]
+        for i, side in enumerate(sides):
+          x = side[s]
+          sums[i, at] += x[rng.integers(0, len(x), (len(at), len(x)))].sum(axis=1)
+          counts[i, at] += len(x)
+  means = sums / counts
   tail = 100 * (1 - level) / 2
-  low, high = np.percentile(np.concatenate(means), [tail, 100 - tail])
+  low, high = np.percentile(means[0] if paired else means[0] - means[1], [tail, 100 - tail])
   return {"mean": float(a.mean() - b.mean()), "low": float(low), "high": float(high), "n": int(len(a)),
-          "n_b": int(len(b)), "paired": paired}
+          "n_b": int(len(b)), "paired": paired, "seeds": k}
 
 
 def _intervals(claim: Claim, items_per_seed: list[dict] | None) -> list[dict] | None:
@@ -308,7 +318,8 @@ def _n(iv: dict) -> str:
 def _describe(claim: Claim, pair: tuple[str, ...], iv: dict) -> str:
   a, b = (f"{f:g} {name}" if f != 1 else name for f, name in zip(claim.scale, pair))
   return (f"{a} - {b} = {iv['mean']:.4g}, {LEVEL:.0%} interval [{iv['low']:.4g}, "
-          f"{iv['high']:.4g}] ({_n(iv)}, {'paired' if iv['paired'] else 'unpaired'}, bootstrap over items)")
+          f"{iv['high']:.4g}] ({_n(iv)}, {'paired' if iv['paired'] else 'unpaired'}, bootstrap over "
+          f"{'seeds and ' if iv['seeds'] > 1 else ''}items)")
 
 
 def _interval_verdict(claim: Claim, ivs: list[dict]) -> str:

@@ -275,7 +275,7 @@ def test_intervals_decide_reproduced_not_reproduced_and_inconclusive():
   # seeds pooled; arrays of other lengths are unpaired; a claimed effect moves the bar
   two = [{"acc.a": strong[:100], "acc.b": weak[:100]}, {"acc.a": strong[100:], "acc.b": weak[100:]}]
   v = claims_lib.verdict(BEATS, [_figures(strong[:100], weak[:100]), _figures(strong[100:], weak[100:])], "cpu", two)
-  assert v["verdict"] == "reproduced" and "(n=200, paired" in v["interval"]
+  assert v["verdict"] == "reproduced" and "(n=200, paired, bootstrap over seeds and items)" in v["interval"]
   v = claims_lib.verdict(BEATS, [_figures(strong, weak[:150])], "cpu", [{"acc.a": strong, "acc.b": weak[:150]}])
   assert v["verdict"] == "reproduced" and "(n=200 vs 150, unpaired" in v["interval"]
   big = dataclasses.replace(BEATS, effect=0.6)
@@ -350,6 +350,20 @@ def test_seeds_whose_own_intervals_contradict_each_other_are_unstable():
   agree = [{"acc.a": strong, "acc.b": weak}, {"acc.a": strong[::-1], "acc.b": weak}]
   assert claims_lib.verdict(BEATS, [_figures(x["acc.a"], x["acc.b"]) for x in agree], "cpu", agree)[
       "verdict"] == "reproduced"
+
+
+def test_the_interval_over_seeds_resamples_the_seeds_too():
+  rng = np.random.default_rng(5)
+  strong, weak = (rng.random(300) < 0.8).astype(float), (rng.random(300) < 0.3).astype(float)
+  same = (rng.random(300) < 0.5).astype(float)
+  seeds = [{"acc.a": strong, "acc.b": weak}, {"acc.a": same, "acc.b": same}]  # one training run worked, one did not
+  pooled_items = claims_lib.bootstrap([np.concatenate([strong, same])], [np.concatenate([weak, same])])
+  assert pooled_items["low"] > 0.15  # 600 items as if from one run: a clear gain
+  iv = claims_lib.bootstrap([strong, same], [weak, same])
+  assert iv["low"] <= 0.0 < iv["high"] and iv["mean"] == pytest.approx(pooled_items["mean"])
+  v = claims_lib.verdict(BEATS, [_figures(x["acc.a"], x["acc.b"]) for x in seeds], "cpu", seeds)
+  assert v["verdict"] == "unstable (1 of 2 seeds reproduced, 1 not, each by its own interval)"
+  assert v["interval_bounds"][0][0] <= 0.0  # the pooled interval alone would not tell either
 
 
 def test_a_ratio_claim_scales_the_arrays():
