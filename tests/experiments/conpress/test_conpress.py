@@ -483,8 +483,6 @@ def test_smoke_preset_from_the_cli_writes_every_key(tmp_path):
   for n in exp.NS:  # counts are capped by the preset's budget of 4 tokens per question
     assert 0 < res[f"tokens_per_question.n{n}"] <= 4 and 0 <= res[f"accuracy.n{n}"] <= 1
   assert res["sft.tokens_before"] == res["tokens_per_question.n1"]
-  # per held-out question, before and after each fine-tuning, in one order: the sft claim's paired interval
-  assert {k: len(v) for k, v in res["per_item"].items()} == {"accuracy.n1": 8, "sft.accuracy_after": 8,
-                                                             "rft.accuracy_after": 8}
-  assert np.mean(res["per_item"]["accuracy.n1"]) == res["accuracy.n1"]
+  items = json.loads((tmp_path / "runs" / "conpress" / "items.json").read_text())  # the claims' per-item scores
+  assert np.mean(items["accuracy.n1"]) == pytest.approx(res["accuracy.n1"])
   assert (tmp_path / "runs" / "conpress" / "metrics.jsonl").exists()
