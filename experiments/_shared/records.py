@@ -1,4 +1,5 @@
-"""Reading back metrics records: the last record per step, a NaN-tolerant median; per-item scores of a macro mean."""
+"""Reading back metrics records: the last record per step, a NaN-tolerant median; per-item scores of a macro mean,
+and results merged with their per-item scores."""
 from __future__ import annotations
 
 import collections
@@ -32,3 +33,13 @@ def macro_items(values, groups) -> list[float]:
     raise ValueError(f"macro_items: {len(values)} values but {len(groups)} groups")
   size = collections.Counter(groups)
   return [float(v * len(groups) / (len(size) * size[g])) for v, g in zip(values, groups)]
+
+
+def merge(res: dict, part: dict) -> dict:
+  """`res` updated with `part`, their "per_item" scores (a run's items for the claims' intervals) joined, not
+  replaced."""
+  items = {**res.get("per_item", {}), **part.get("per_item", {})}
+  res.update(part)
+  if items:
+    res["per_item"] = items
+  return res

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 
 from experiments import registry
+from experiments._shared import records
 from experiments._shared.chat_models import load_chat_model
 from experiments.gig import CHOOSERS, Config, cooking, textworld
 from experiments.gig import agents as agents_lib
@@ -208,10 +209,8 @@ def _kitchen_agents(cfg: Config, llm, embed, gparams, memory_of, problems_of, f)
     memory = memory_of(mode)
     problems = problems_of[mode]
     plans = [[a.text for a in plan] if (plan := shortest_plan(p)) is not None else None for p in problems]
-    part = evaluate_agents(cfg, env, lambda problems=problems: [Kitchen(p) for p in problems], plans, llm, memory,
-                           embed, gparams, f)
-    res.setdefault("per_item", {}).update(part.pop("per_item"))
-    res.update(part)
+    records.merge(res, evaluate_agents(cfg, env, lambda problems=problems: [Kitchen(p) for p in problems], plans,
+                                       llm, memory, embed, gparams, f))
   return res
 
 
@@ -325,13 +324,9 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     mcfg, lparams, tok = load_chat_model(cfg.llm)
     llm = CHOOSERS[cfg.chooser](mcfg, lparams, tok)
     with open(os.path.join(out_dir, "episodes.jsonl"), "w") as f:
-      kitchen = _kitchen_agents(cfg, llm, embed, params, memory_of, agents, f)
-      res["per_item"].update(kitchen.pop("per_item", {}))
-      res.update(kitchen)
+      records.merge(res, _kitchen_agents(cfg, llm, embed, params, memory_of, agents, f))
       if games:
-        tw = _textworld_agents(cfg, games, out_dir, llm, f)
-        res["per_item"].update(tw.pop("per_item", {}))
-        res.update(tw)
+        records.merge(res, _textworld_agents(cfg, games, out_dir, llm, f))
   if losses:
     registry.plot_curves(os.path.join(out_dir, "loss.png"), {"triplet + uniformity": (list(range(len(losses))),
                                                                                        losses)},

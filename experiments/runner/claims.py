@@ -10,9 +10,8 @@ items); where that fails the verdict is "not measurable at this preset: <why> (<
 With `diff=(A, B)` and the run's per-item scores of A and B (items.json, see `registry`), the verdict comes from a
 95% bootstrap interval of mean(A) - mean(B) over the items, seeds pooled (and resampled: `bootstrap`): reproduced
 when the interval lies above `effect`, not reproduced when it lies at or below it, otherwise "inconclusive
-(n=...)". "A beats each of B and C"
-declares the pairs `diff=((A, B), (A, C))`: reproduced when every interval lies above `effect`, not reproduced when
-one lies at or below it (each pair tested at 95%, their intersection needs no multiple-comparison correction). The
+(n=...)". "A beats each of B and C" declares the pairs `diff=((A, B), (A, C))`: reproduced when every interval lies
+above `effect`, not reproduced when one lies at or below it (each pair tested at 95%, their intersection needs no multiple-comparison correction). The
 part of a compound claim no interval covers ("at no more LLM calls") is its `given` rule: where it fails on every
 seed the claim is not reproduced whatever the intervals say. "A changes B by less than w" declares `within=w`:
 reproduced when the interval lies inside (-w, w), not reproduced when it lies wholly outside. A ratio claim ("A at

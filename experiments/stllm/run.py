@@ -322,9 +322,7 @@ def run(cfg: Config, out_dir: str, resume: bool) -> dict:
     preds = samples[kind]
     judged = None if judge is None else judge([(q.task, q.question, q.answer, p)
                                                for q, p in zip(test.questions, preds)])
-    out = scores(preds, test.questions, kind, judged)
-    res.setdefault("per_item", {}).update(out.pop("per_item"))
-    res.update(out)
+    records.merge(res, scores(preds, test.questions, kind, judged))
   if jax.process_index() == 0:
     with open(os.path.join(out_dir, "samples.json"), "w") as f:
       json.dump([{k: v[i] for k, v in samples.items()} for i in range(min(25, len(test.questions)))], f, indent=1)

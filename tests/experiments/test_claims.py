@@ -394,6 +394,13 @@ def test_macro_items_mean_is_the_macro_mean():
     records.macro_items([1, 0, 1], ["x", "y"])
 
 
+def test_merge_joins_per_item_scores():
+  res = {"a": 1.0, "per_item": {"a": [1.0]}}
+  assert records.merge(res, {"b": 2.0, "per_item": {"b": [0.0, 1.0]}}) == {
+      "a": 1.0, "b": 2.0, "per_item": {"a": [1.0], "b": [0.0, 1.0]}}
+  assert records.merge({"a": 1.0}, {"b": 2.0}) == {"a": 1.0, "b": 2.0}  # no items: none invented
+
+
 def test_without_per_item_scores_the_rule_decides_and_says_so():
   res = {"acc.a": 0.7, "acc.b": 0.4, "acc.base": 0.75}
   v = claims_lib.verdict(BEATS, [res], "cpu", [{}])
