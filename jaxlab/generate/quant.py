@@ -18,12 +18,16 @@ bf16 stores the weights rounded to bfloat16. Activations stay in the compute dty
 `quantize(params, "int8" | "bf16")` replaces every matmul kernel of a transformer param tree by a `QKernel`
 (the embedding table used for lookups is kept; with tied embeddings an `lm_head` is added, built from the
 table, so the vocabulary projection is quantized too, unless `head="fp32"`). A `QKernel` stores its weight
-transposed, [.., out, in], and is consumed by `jaxlab.nn.layers.linear` through `x @ kernel` (`__rmatmul__`):
-the weight is dequantized and multiplied with a dense dot, or, for at most `REDUCE_ROWS` activation rows, by a
-multiply-and-reduce over the contiguous `in` axis that XLA fuses with the conversion, so the stored int8/bf16
-bytes are what is read. On XLA:CPU that fused reduce measured 2-10x slower than the dot inside the decode loop
-(llama-60m, batch 1), so REDUCE_ROWS is 0 there: XLA hoists the dequantization of loop-invariant weights out
-of the decode loop, and int8/bf16 save storage and transfer rather than per-step reads.
+transposed, [.., out, in], and is consumed by `jaxlab.nn.layers.linear` through `x @ kernel` (`__rmatmul__`).
+On CPU, a uint8 kernel ("asym"/"best", groups of a multiple of 16 inputs) meets at most `KERNEL_ROWS` activation
+rows (decoding's) in `kernels.qmatmul_cpu`, a C++ kernel that reads the stored bytes and widens them in registers:
+1 byte a weight (plus 8 bytes of scale and offset a group) instead of the 4 of the dequantized float32 weight,
+which XLA hoists out of the decode loop. `python -m experiments bench generate --prompts chat --weights
+fp32,int8` on SmolLM2-135M-Instruct (2 CPUs) measured batch 1 at 1.9-2.0x fp32's tokens/s and batch 8 at
+1.1-1.2x, with the tokens of fp32 (the kernel sums in float32 as the dense dot does). Other rows, platforms
+and kernels are dequantized and multiplied with a dense dot, or, for at most `REDUCE_ROWS` activation rows, by
+a multiply-and-reduce over the contiguous `in` axis that XLA fuses with the conversion; on XLA:CPU that fused
+reduce measured 2-10x slower than the dot inside the decode loop (llama-60m, batch 1), so REDUCE_ROWS is 0.
 
 Axes: I input features, O output features, G groups per row (I / group), J features per group, M activation
 rows.
@@ -35,11 +39,14 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from kernels import qmatmul_cpu
+
 MODES = ("fp32", "bf16", "int8")
 SCHEMES = ("sym", "asym", "best")
 HEADS = ("same", "bf16", "fp32")
 INT8 = {"group": 32, "scheme": "best", "head": "same"}  # what `quantize(params, "int8")` uses
 REDUCE_ROWS = 0  # at most this many activation rows: multiply-reduce over the stored bytes; else a dense dot
+KERNEL_ROWS = qmatmul_cpu.MAX_ROWS  # on CPU, at most this many rows of a uint8 kernel: the byte-reading kernel
 
 
 @jax.tree_util.register_pytree_node_class
@@ -102,11 +109,18 @@ class QKernel:
       raise ValueError(f"QKernel matmul takes a [M, I] activation and one [O, I] weight, found {x_MI.shape} "
                        f"and {self.w_OI.shape} (index stacked layers first)")
     x = x_MI.astype(jnp.float32)
-    if x.shape[0] <= REDUCE_ROWS:
+    if self._kernel_ok(x.shape[0]):
+      y = _qmatmul(x, self.w_OI, self.scale_OG, self.zero_OG)
+    elif x.shape[0] <= REDUCE_ROWS:
       y = self._reduce(x)
     else:
       y = x @ self.dequantize()
     return y.astype(self.compute_dtype)
+
+  def _kernel_ok(self, rows: int) -> bool:
+    return (rows <= KERNEL_ROWS and self.w_OI.dtype == jnp.uint8 and self.zero_OG is not None
+            and qmatmul_cpu.supports(rows, self.w_OI.shape[-1], self.scale_OG.shape[-1])
+            and jax.default_backend() == "cpu" and qmatmul_cpu.available())
 
   def _reduce(self, x_MI):
     o, i = self.w_OI.shape
@@ -119,6 +133,23 @@ class QKernel:
     if self.zero_OG is not None:
       y_OMG = y_OMG + self.zero_OG[:, None, :] * jnp.sum(x_MGJ, axis=-1)[None]
     return jnp.sum(y_OMG, axis=-1).T
+
+
+def _dense(x_MI, q_OI, s_OG, z_OG):
+  return x_MI @ QKernel(q_OI, s_OG, z_OG).dequantize()
+
+
+@jax.custom_jvp
+def _qmatmul(x_MI, q_OI, s_OG, z_OG):
+  return jax.lax.platform_dependent(x_MI, q_OI, s_OG, z_OG, cpu=qmatmul_cpu.matmul, default=_dense)
+
+
+@_qmatmul.defjvp
+def _qmatmul_jvp(primals, tangents):
+  x, q, s, z = primals
+  tx, _, ts, tz = tangents
+  _, ty = jax.jvp(lambda x, s, z: _dense(x, q, s, z), (x, s, z), (tx, ts, tz))
+  return _qmatmul(x, q, s, z), ty
 
 
 def _check_group(i: int, group: int) -> int:
