@@ -203,9 +203,9 @@ def _attention(p, x_BTD, frame: Frame, cfg: Config, slot, index, layer, hooks: I
   if frame.cos is not None:
     q, kk = rope_lib.apply(q, frame.cos, frame.sin), rope_lib.apply(kk, frame.cos, frame.sin)
   heads_major = slot is not None
-  if slot is not None:  # slot = (k cache [P,B,G,S,K], v cache, this layer position's slot index)
+  if slot is not None:  # slot = (k cache [P,B,G,S,K], v cache, slot index), or one layer's [B,G,S,K] and None
     kc, vc = attn_lib.cache_write(slot[0], slot[1], kk, v, slot[2], index)
-    kk, v, slot = kc[slot[2]], vc[slot[2]], (kc, vc)
+    kk, v, slot = (kc, vc, (kc, vc)) if slot[2] is None else (kc[slot[2]], vc[slot[2]], (kc, vc))
   hooks = hooks or Intervention()
   if hooks.attention is not None:
     if heads_major:
@@ -339,12 +339,12 @@ def stack(layers_p, x_BTD, frame: Frame, cfg: Config, *, program=None, cache=Non
       raise ValueError(f"cache has {len(cache['k'])} per-layer slots but {len(layers_p)} layers are executed")
     ks, vs, per_layer = [], [], []
     for i, p in enumerate(layers_p):
-      kv = None if cache is None else (cache["k"][i][None], cache["v"][i][None])  # a one-slot cache
-      x_BTD, kv, ys = run(p, x_BTD, kv, i, 0)
+      kv = None if cache is None else (cache["k"][i], cache["v"][i])  # one layer's [B,G,S,K]
+      x_BTD, kv, ys = run(p, x_BTD, kv, i, None)
       per_layer.append(with_state(x_BTD, ys))
       if kv is not None:
-        ks.append(kv[0][0])
-        vs.append(kv[1][0])
+        ks.append(kv[0])
+        vs.append(kv[1])
     ys = {k: jnp.stack([y[k] for y in per_layer]) for k in per_layer[0]}
     return x_BTD, None if cache is None else (tuple(ks), tuple(vs)), ys
 

@@ -94,9 +94,12 @@ def init_cache(n_slots: int, batch: int, max_len: int, kv_heads: int, head_dim: 
 
 def cache_write(k_PBGSK, v_PBGSK, k_BTGK, v_BTGK, slot, index):
   """Writes T new keys/values into cache slot `slot` at offset `index`, updating the stacked cache in place
-  (a loop carry, so XLA writes only the new entries instead of copying the slot)."""
+  (a loop carry, so XLA writes only the new entries instead of copying the slot). With `slot=None` the cache is
+  one layer's, [B, G, S, K]: its update is then the array attention reads, where a slot's slice of a stacked
+  cache is a second user that XLA:CPU serves with its own copy of the whole slot every step."""
   z = jnp.zeros((), jnp.int32)
-  at = (jnp.asarray(slot, jnp.int32), z, z, jnp.asarray(index, jnp.int32), z)
-  k = jax.lax.dynamic_update_slice(k_PBGSK, jnp.swapaxes(k_BTGK, 1, 2)[None].astype(k_PBGSK.dtype), at)
-  v = jax.lax.dynamic_update_slice(v_PBGSK, jnp.swapaxes(v_BTGK, 1, 2)[None].astype(v_PBGSK.dtype), at)
-  return k, v
+  at = (z, z, jnp.asarray(index, jnp.int32), z)
+  k_new, v_new = jnp.swapaxes(k_BTGK, 1, 2).astype(k_PBGSK.dtype), jnp.swapaxes(v_BTGK, 1, 2).astype(v_PBGSK.dtype)
+  if slot is not None:
+    at, k_new, v_new = (jnp.asarray(slot, jnp.int32), *at), k_new[None], v_new[None]
+  return jax.lax.dynamic_update_slice(k_PBGSK, k_new, at), jax.lax.dynamic_update_slice(v_PBGSK, v_new, at)
