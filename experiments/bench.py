@@ -195,7 +195,7 @@ def _chat_prompts(path: str, n: int) -> list[list[int]]:
 
 
 def _weights_variant(params, spec: str):
-  """'fp32', 'bf16', 'int8' (quant.INT8) or 'int8:GROUP[:SCHEME[:HEAD]]' -> quantized params."""
+  """'fp32', 'bf16', 'int8' (quant.INT8), 'int4' (quant.INT4) or 'MODE:GROUP[:SCHEME[:HEAD]]' -> quantized params."""
   from jaxlab.generate import quant
   mode, *rest = spec.split(":")
   kw = dict(zip(("group", "scheme", "head"), rest))
@@ -255,7 +255,7 @@ def bench_generate(argv) -> dict:
   p.add_argument("--prompt-len", type=int, default=16)
   p.add_argument("--batches", default="1,8", help="comma-separated batch sizes")
   p.add_argument("--weights", default="fp32,bf16,int8",
-                 help="comma-separated jaxlab weight modes: fp32, bf16, int8 or int8:GROUP[:SCHEME[:HEAD]]")
+                 help="comma-separated jaxlab weight modes: fp32, bf16, int8, int4 or MODE:GROUP[:SCHEME[:HEAD]]")
   p.add_argument("--prompts", default="random", choices=["random", "chat"],
                  help="random token ids, or chat prompts in the model's template (a GGUF model)")
   p.add_argument("--repeats", type=int, default=2, help="timed rounds (each runs every variant once)")

@@ -1,5 +1,6 @@
-// y[M, O] = x[M, I] @ dequant(q)[I, O] for uint8 weights stored [O, I] in groups of J consecutive inputs, each
-// group with a float scale s and offset z (w = q * s + z), read as bytes inside the product: the decoding matmul
+// y[M, O] = x[M, I] @ dequant(q)[I, O] for 8-bit weights stored [O, I] (or 4-bit, two a byte: [O, I / 2]) in
+// groups of J consecutive inputs, each group with a float scale s and offset z (w = q * s + z), read as bytes
+// inside the product: the decoding matmul
 // of jaxlab.generate.quant.QKernel on XLA:CPU, where a fused dequantize-and-reduce is not vectorized and a
 // dequantized dot reads four bytes a weight. The bytes are widened to float32 in registers (AVX-512 where the
 // compiler targets it, else loops it vectorizes); output rows are split over XLA's intra-op thread pool.
@@ -29,7 +30,7 @@ struct Args {
   const float *x, *s, *z;
   const uint8_t* q;
   float* y;
-  int64_t m, in, group, out;
+  int64_t m, in, group, out, bits;
   const float* xsum;  // [M, G]: each activation row's sum over each group (the offsets' term)
 };
 
@@ -88,9 +89,68 @@ void Row(const Args& a, int64_t o) {
 #endif
 }
 
+// 4-bit weights: each block of 32 inputs is 16 bytes, byte k holding input k in its low nibble and input k + 16
+// in its high nibble (GGML's Q4_1 order).
+template <int M>
+void Row4(const Args& a, int64_t o) {
+  const int64_t groups = a.in / a.group;
+  const uint8_t* q = a.q + o * (a.in / 2);
+  float zacc[M];
+  Offsets<M>(a, o, zacc);
+#if defined(__AVX512F__)
+  const __m128i low = _mm_set1_epi8(0x0F);
+  __m512 acc[M];
+  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 dot[M];
+    for (int r = 0; r < M; ++r) dot[r] = _mm512_setzero_ps();
+    for (int64_t j = g * a.group; j < (g + 1) * a.group; j += 2 * kLanes) {
+      const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j / 2));
+      const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q8, low)));
+      const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q8, 4), low)));
+      for (int r = 0; r < M; ++r) {
+        dot[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a.x + r * a.in + j), dot[r]);
+        dot[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a.x + r * a.in + j + kLanes), dot[r]);
+      }
+    }
+    const __m512 sg = _mm512_set1_ps(a.s[o * groups + g]);
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(dot[r], sg, acc[r]);
+  }
+  for (int r = 0; r < M; ++r) a.y[r * a.out + o] = _mm512_reduce_add_ps(acc[r]) + zacc[r];
+#else
+  float acc[M][kLanes] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    float dot[M][kLanes] = {};
+    for (int64_t j = g * a.group; j < (g + 1) * a.group; j += 2 * kLanes) {
+      for (int r = 0; r < M; ++r) {
+        for (int l = 0; l < kLanes; ++l) {
+          const uint8_t b = q[j / 2 + l];
+          dot[r][l] += static_cast<float>(b & 0x0F) * a.x[r * a.in + j + l] +
+                       static_cast<float>(b >> 4) * a.x[r * a.in + j + kLanes + l];
+        }
+      }
+    }
+    for (int r = 0; r < M; ++r) {
+      for (int l = 0; l < kLanes; ++l) acc[r][l] += dot[r][l] * a.s[o * groups + g];
+    }
+  }
+  for (int r = 0; r < M; ++r) {
+    float t = 0.f;
+    for (int l = 0; l < kLanes; ++l) t += acc[r][l];
+    a.y[r * a.out + o] = t + zacc[r];
+  }
+#endif
+}
+
 template <int M>
 void Rows(const Args& a, int64_t o0, int64_t o1) {
-  for (int64_t o = o0; o < o1; ++o) Row<M>(a, o);
+  for (int64_t o = o0; o < o1; ++o) {
+    if (a.bits == 4) {
+      Row4<M>(a, o);
+    } else {
+      Row<M>(a, o);
+    }
+  }
 }
 
 using RowsFn = void (*)(const Args&, int64_t, int64_t);
@@ -131,17 +191,18 @@ void Prepare(Job& job) {
 }
 
 ffi::Error QMatmulU8(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> q, ffi::Buffer<ffi::F32> s,
-                     ffi::Buffer<ffi::F32> z, ffi::ResultBuffer<ffi::F32> y) {
+                     ffi::Buffer<ffi::F32> z, ffi::ResultBuffer<ffi::F32> y, int32_t bits) {
   const auto xd = x.dimensions(), qd = q.dimensions(), sd = s.dimensions(), zd = z.dimensions();
-  if (xd.size() != 2 || qd.size() != 2 || sd.size() != 2 || zd.size() != 2 || xd[1] != qd[1] || sd[0] != qd[0] ||
-      zd[0] != sd[0] || zd[1] != sd[1] || sd[1] < 1 || qd[1] % sd[1] || (qd[1] / sd[1]) % kLanes || xd[0] < 1 ||
-      xd[0] > kMaxRows) {
-    return ffi::Error::InvalidArgument("jaxlab_qmatmul_u8: expected x [M<=16, I], q [O, I], s and z [O, G] with "
-                                       "I / G a multiple of 16");
+  const int64_t block = bits == 4 ? 2 * kLanes : kLanes;
+  if ((bits != 8 && bits != 4) || xd.size() != 2 || qd.size() != 2 || sd.size() != 2 || zd.size() != 2 ||
+      xd[1] * bits != qd[1] * 8 || sd[0] != qd[0] || zd[0] != sd[0] || zd[1] != sd[1] || sd[1] < 1 ||
+      xd[1] % sd[1] || (xd[1] / sd[1]) % block || xd[0] < 1 || xd[0] > kMaxRows) {
+    return ffi::Error::InvalidArgument("jaxlab_qmatmul_u8: expected x [M<=16, I], q [O, I * bits / 8] (bits 8 or 4), "
+                                       "s and z [O, G] with I / G a multiple of 16 (8 bits) or 32 (4 bits)");
   }
   auto job = std::make_shared<Job>();
   job->a = Args{x.typed_data(), s.typed_data(), z.typed_data(), q.typed_data(), y->typed_data(), xd[0], xd[1],
-                qd[1] / sd[1], qd[0], nullptr};
+                xd[1] / sd[1], qd[0], bits, nullptr};
   Prepare(*job);
   job->chunks = (qd[0] + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), job->chunks) - 1;
@@ -161,4 +222,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxlabQMatmulU8, QMatmulU8,
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("bits"));

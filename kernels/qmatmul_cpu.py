@@ -1,4 +1,4 @@
-"""The CPU matmul that reads group-quantized uint8 weights as bytes: `qmatmul_cpu.cc` through XLA's FFI.
+"""The CPU matmul that reads group-quantized 8- or 4-bit weights as bytes: `qmatmul_cpu.cc` through XLA's FFI.
 
 `matmul(x_MI, q_OI, s_OG, z_OG)` is x @ (q * s + z)^T with each group of I / G consecutive inputs of an output
 row sharing one scale and offset (the layout of `jaxlab.generate.quant.QKernel`, "asym"/"best"), for at most
@@ -23,6 +23,7 @@ import tempfile
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 TARGET = "jaxlab_qmatmul_u8"
 MAX_ROWS = 16  # activation rows the kernel takes; `group` must be a multiple of LANES
@@ -93,21 +94,26 @@ def why_unavailable() -> str:
   return "; ".join(_why)
 
 
-def supports(m: int, i: int, g: int) -> bool:
-  """Whether `matmul` takes M activation rows against I inputs in G groups."""
-  return 1 <= m <= MAX_ROWS and g >= 1 and i % g == 0 and (i // g) % LANES == 0
+def supports(m: int, i: int, g: int, bits: int = 8) -> bool:
+  """Whether `matmul` takes M activation rows against I inputs in G groups of `bits`-bit weights."""
+  block = LANES if bits == 8 else 2 * LANES
+  return bits in (8, 4) and 1 <= m <= MAX_ROWS and g >= 1 and i % g == 0 and (i // g) % block == 0
 
 
-def matmul(x_MI, q_OI, s_OG, z_OG, *, target: str = TARGET):
-  """x[M, I] @ (q[O, I] * s + z)^T -> float32 [M, O], s and z broadcast over each of G groups of I / G inputs."""
+def matmul(x_MI, q_OI, s_OG, z_OG, *, bits: int = 8, target: str = TARGET):
+  """x[M, I] @ (q[O, I] * s + z)^T -> float32 [M, O], s and z broadcast over each of G groups of I / G inputs.
+
+  With `bits=4`, q is [O, I / 2]: in each block of 32 inputs, byte k holds input k (low nibble) and k + 16.
+  """
   m, i = x_MI.shape
   o, g = s_OG.shape
-  if (not supports(m, i, g) or q_OI.dtype != jnp.uint8 or q_OI.shape != (o, i) or z_OG.shape != (o, g)):
-    raise ValueError(f"qmatmul takes x [M<={MAX_ROWS}, I] and uint8 q [O, I] in groups of a multiple of {LANES} "
-                     f"inputs with s, z [O, G], found x {x_MI.shape}, q {q_OI.shape} {q_OI.dtype}, s {s_OG.shape}, "
-                     f"z {z_OG.shape}")
+  if (not supports(m, i, g, bits) or q_OI.dtype != jnp.uint8 or q_OI.shape != (o, i * bits // 8)
+      or z_OG.shape != (o, g)):
+    raise ValueError(f"qmatmul takes x [M<={MAX_ROWS}, I] and uint8 q [O, I * bits / 8] (bits 8 or 4) in groups "
+                     f"of a multiple of {LANES} (8 bits) or {2 * LANES} (4 bits) inputs with s, z [O, G], found "
+                     f"bits {bits}, x {x_MI.shape}, q {q_OI.shape} {q_OI.dtype}, s {s_OG.shape}, z {z_OG.shape}")
   if target == TARGET and not available():
     raise RuntimeError(f"the qmatmul CPU kernel is unavailable: {why_unavailable()}")
   out = jax.ShapeDtypeStruct((m, o), jnp.float32)
   return jax.ffi.ffi_call(target, out, vmap_method="sequential")(
-      x_MI.astype(jnp.float32), q_OI, s_OG.astype(jnp.float32), z_OG.astype(jnp.float32))
+      x_MI.astype(jnp.float32), q_OI, s_OG.astype(jnp.float32), z_OG.astype(jnp.float32), bits=np.int32(bits))

@@ -15,7 +15,7 @@ the prefill, and the layers are run as an unrolled loop with one KV-cache array 
 where the layer scan's dynamic slice copied every layer's weights (and each cache slot) on every step before
 the dot (measured in `experiments/bench.py generate`; same ops per layer, so the same tokens).
 
-`weights="bf16" | "int8"` decodes with weight-only bf16 or int8 matmul kernels (`jaxlab.generate.quant`): the
+`weights="bf16" | "int8" | "int4"` decodes with weight-only bf16, int8 or 4-bit matmul kernels (`jaxlab.generate.quant`): the
 params are converted once per call, outside the compiled program (pass `quant.quantize(params, mode)` to
 convert once for many calls; already converted params are used as they are).
 
@@ -259,7 +259,7 @@ def sample(params, cfg, prompt, max_new_tokens: int, *, temperature: float = 0.0
     return_logits: also return the raw logits of every step in `SampleOutput.logits`.
     return_logprobs: also return each new token's log-probability under `log_softmax(logits / temperature)`
       in `SampleOutput.logprobs` (what a teacher-forced forward over `sequences` scores; RL's old log-probs).
-    weights: "fp32" (the params as given), "bf16" or "int8": weight-only bf16 / int8 matmul kernels
+    weights: "fp32" (the params as given), "bf16", "int8" or "int4": weight-only bf16 / int8 / 4-bit matmul kernels
       (`quant.quantize`; int8 with the per-group scales of `quant.INT8`), dequantized inside each matmul.
     inputs_embeds_BTD: the prompt's input embeddings [B, T, D] for the prefill in place of looking up `prompt`
       (e.g. `multimodal.embed`'s spliced features); `prompt` still gives the shape, padding and stop handling.

@@ -19,6 +19,9 @@ def _dequantized_params(qparams):
     if not isinstance(x, quant.QKernel):
       return x
     w = np.asarray(x.w_OI, np.float32)
+    if x.bits == 4:  # byte k of each 32-input block: input k in the low nibble, k + 16 in the high one
+      b = np.asarray(x.w_OI).reshape(*x.w_OI.shape[:-1], -1, 16)
+      w = np.concatenate([b & 15, b >> 4], axis=-1).reshape(*x.w_OI.shape[:-1], -1).astype(np.float32)
     if x.scale_OG is not None:
       g = w.shape[-1] // x.scale_OG.shape[-1]
       w = w * np.repeat(np.asarray(x.scale_OG), g, axis=-1)
@@ -123,12 +126,12 @@ def model(request):
   return cfg, tfm.init(cfg, jax.random.key(0))
 
 
-@pytest.mark.parametrize("mode", ["int8", "bf16"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "bf16"])
 def test_forward_equals_fp32_forward_on_dequantized_weights(model, mode):
   cfg, params = model
   q = quant.quantize(params, mode)
   assert "lm_head" in q and isinstance(q["lm_head"]["kernel"], quant.QKernel)
-  assert quant.weight_bytes(q) < quant.weight_bytes(params) * (0.6 if mode == "int8" else 0.75)
+  assert quant.weight_bytes(q) < quant.weight_bytes(params) * {"int8": 0.6, "int4": 0.5, "bf16": 0.75}[mode]
   tokens = jnp.asarray(np.random.default_rng(2).integers(0, 128, (2, 24)), jnp.int32)
   ref = tfm.forward(_dequantized_params(q), tokens, cfg).logits
   for reduce_rows, t in ((0, 24), (0, 3), (8, 3)):  # dense dot (48 and 6 rows), multiply-reduce (6 rows)
@@ -140,7 +143,7 @@ def test_forward_equals_fp32_forward_on_dequantized_weights(model, mode):
     np.testing.assert_allclose(np.asarray(got), np.asarray(ref[:, :t]), atol=2e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("mode", ["int8", "bf16"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "bf16"])
 def test_quantized_sampling_cached_equals_full_recompute(model, mode):
   cfg, params = model
   q = quant.quantize(params, mode)
@@ -159,7 +162,9 @@ def test_modes_are_validated(model):
   cfg, params = model
   assert quant.quantize(params, "fp32") is params
   with pytest.raises(ValueError, match="weights mode"):
-    quant.quantize(params, "int4")
+    quant.quantize(params, "int3")
+  with pytest.raises(ValueError, match="int4 groups"):
+    quant.quantize(params, "int4", group=16)
   with pytest.raises(ValueError, match="weights must be one of"):
     sample(params, cfg, PROMPTS, 4, weights="fp16")
 
@@ -182,3 +187,40 @@ def test_head_options_and_per_kernel_group_fallback(model):
     np.testing.assert_allclose(np.asarray(tfm.forward(qp, tokens, cfg).logits), np.asarray(ref), atol=2e-5, rtol=1e-4)
   with pytest.raises(ValueError, match="scheme must be one of"):
     quant.quantize(params, "int8", scheme="nf4")
+
+
+def test_int4_closed_form_packing_and_q4_1_blocks():
+  rng = np.random.default_rng(6)
+  w = rng.normal(0, 0.3, (64, 24)).astype(np.float32)
+  qk = quant.quantize_kernel(w, "int4", group=32)
+  assert qk.bits == 4 and qk.w_OI.dtype == jnp.uint8 and qk.w_OI.shape == (24, 32) and qk.shape == (64, 24)
+  w_OGJ = w.T.reshape(24, 2, 32)
+  lo, hi = w_OGJ.min(-1), w_OGJ.max(-1)
+  s = (hi - lo) / 15
+  q = np.clip(np.round((w_OGJ - lo[..., None]) / s[..., None]), 0, 15)
+  np.testing.assert_allclose(np.asarray(qk.scale_OG), s, rtol=1e-6)
+  b = np.asarray(qk.w_OI).reshape(24, 2, 16)
+  np.testing.assert_array_equal(np.concatenate([b & 15, b >> 4], axis=-1), q)  # codes in Q4_1's byte order
+  np.testing.assert_allclose(np.asarray(_dequantized_params({"k": qk})["k"]).T.reshape(24, 2, 32),
+                             q * s[..., None] + lo[..., None], atol=1e-6)
+  np.testing.assert_allclose(np.asarray(qk.dequantize()), np.asarray(_dequantized_params({"k": qk})["k"]), rtol=1e-6)
+  d = rng.uniform(0.01, 0.02, (16, 2))  # a Q4_1 block: 16 levels from its min; int4 gets it back to float rounding
+  q4 = rng.integers(0, 16, (16, 2, 32))
+  q4[..., 0], q4[..., 1] = 0, 15
+  w_q4 = (d[..., None] * q4 + rng.uniform(-0.1, 0.0, (16, 2, 1))).reshape(16, 64).T.astype(np.float32)
+  err = np.abs(np.asarray(quant.quantize_kernel(w_q4, "int4", group=32).dequantize()) - w_q4)
+  assert err.max() < 4 * np.finfo(np.float32).eps * np.abs(w_q4).max()
+
+
+@pytest.mark.parametrize("rows", [1, 8, 40])  # 1 and 8 rows: the CPU kernel; 40: the dequantized dot
+def test_int4_matmul_and_tree(model, rows):
+  rng = np.random.default_rng(7)
+  w, x = rng.normal(0, 0.3, (64, 48)).astype(np.float32), rng.normal(0, 1, (rows, 64)).astype(np.float32)
+  for group in (32, 64):
+    qk = quant.quantize_kernel(w, "int4", group=group)
+    ref = x.astype(np.float64) @ np.asarray(_dequantized_params({"k": qk})["k"], np.float64)
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda x, k: x @ k)(jnp.asarray(x), qk)), ref, atol=1e-5, rtol=1e-5)
+  cfg, params = model  # d_ff 176: the down kernel's inputs are no 32-blocks, so it is int8
+  q = quant.quantize(params, "int4")
+  assert q["layers"]["attn"]["q"]["kernel"].bits == 4 and q["layers"]["mlp"]["down"]["kernel"].bits == 8
+  assert q["lm_head"]["kernel"].bits == 8 and q["lm_head"]["kernel"].group == 32  # quant.INT4's head: int8

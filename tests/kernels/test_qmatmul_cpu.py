@@ -1,7 +1,9 @@
-"""The CPU uint8 matmul (kernels.qmatmul_cpu) against a float64 NumPy product of the dequantized weights: the
-AVX-512 build and a generic x86-64 build (the loops the compiler vectorizes), every row count it takes, groups
-of 16/32/64, output counts that leave partial chunks; its gradient, vmap and clear errors; and inside
+"""The CPU 8- and 4-bit matmul (kernels.qmatmul_cpu) against a float64 NumPy product of the dequantized weights:
+the AVX-512 build and a generic x86-64 build (the loops the compiler vectorizes), every row count it takes,
+groups of 16/32/64, output counts that leave partial chunks; its gradient, vmap and clear errors; and inside
 `jaxlab.generate.quant`, sampling with it gives the tokens of the dequantized dense dot."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -15,22 +17,26 @@ from kernels import qmatmul_cpu
 pytestmark = pytest.mark.skipif(not qmatmul_cpu.available(), reason=f"no kernel: {qmatmul_cpu.why_unavailable()}")
 
 
-def _operands(m, i, o, group, seed=0):
+def _operands(m, i, o, group, seed=0, bits=8):
   rng = np.random.default_rng(seed)
   g = i // group
-  q = rng.integers(0, 256, (o, i)).astype(np.uint8)
+  q = rng.integers(0, 2 ** bits, (o, i)).astype(np.uint8)
   s = rng.uniform(1e-3, 2e-2, (o, g)).astype(np.float32)
   z = rng.normal(0, 1, (o, g)).astype(np.float32)
   x = rng.normal(0, 1, (m, i)).astype(np.float32)
   w = q.astype(np.float64) * np.repeat(s, group, -1) + np.repeat(z, group, -1)
+  if bits == 4:  # byte k of each 32-input block: input k in the low nibble, k + 16 in the high one
+    b = q.reshape(o, i // 32, 2, 16)
+    q = (b[:, :, 0] | (b[:, :, 1] << 4)).reshape(o, i // 2).astype(np.uint8)
   return (x, q, s, z), x.astype(np.float64) @ w.T
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 8, 11, 16])
-@pytest.mark.parametrize("i,o,group", [(576, 200, 32), (64, 64, 16), (128, 129, 64), (96, 1, 32)])
-def test_matmul_equals_float64_product(m, i, o, group):
-  args, ref = _operands(m, i, o, group)
-  got = np.asarray(jax.jit(qmatmul_cpu.matmul)(*args))
+@pytest.mark.parametrize("i,o,group,bits", [(576, 200, 32, 8), (64, 64, 16, 8), (128, 129, 64, 8), (96, 1, 32, 8),
+                                            (576, 200, 32, 4), (128, 129, 64, 4), (96, 1, 32, 4)])
+def test_matmul_equals_float64_product(m, i, o, group, bits):
+  args, ref = _operands(m, i, o, group, bits=bits)
+  got = np.asarray(jax.jit(functools.partial(qmatmul_cpu.matmul, bits=bits))(*args))
   assert got.shape == (m, o) and got.dtype == np.float32
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
@@ -40,11 +46,11 @@ def test_generic_build_equals_native(tmp_path, monkeypatch):
   flags = tuple("-march=x86-64" if f == "-march=native" else f for f in qmatmul_cpu.FLAGS)
   qmatmul_cpu.register(qmatmul_cpu._build(flags), "jaxlab_qmatmul_u8_generic")
   assert len(list((tmp_path / "kernels").glob("*.so"))) == 1
-  for m in (1, 5):
-    args, ref = _operands(m, 192, 70, 32, seed=m)
-    generic = np.asarray(qmatmul_cpu.matmul(*args, target="jaxlab_qmatmul_u8_generic"))
+  for m, bits in ((1, 8), (5, 8), (1, 4), (5, 4)):
+    args, ref = _operands(m, 192, 70, 32, seed=m, bits=bits)
+    generic = np.asarray(qmatmul_cpu.matmul(*args, bits=bits, target="jaxlab_qmatmul_u8_generic"))
     np.testing.assert_allclose(generic, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
-    np.testing.assert_allclose(generic, np.asarray(qmatmul_cpu.matmul(*args)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(generic, np.asarray(qmatmul_cpu.matmul(*args, bits=bits)), rtol=1e-5, atol=1e-5)
 
 
 def test_vmap_and_errors():
@@ -57,6 +63,8 @@ def test_vmap_and_errors():
               (x, q, s[:, :3], z)):
     with pytest.raises(ValueError, match="qmatmul takes"):
       qmatmul_cpu.matmul(*bad)
+  with pytest.raises(ValueError, match="qmatmul takes"):  # 4-bit: groups of 16 are no 32-input blocks
+    qmatmul_cpu.matmul(x, q[:, :32], s, z, bits=4)
 
 
 def test_qkernel_gradient_equals_dense():
