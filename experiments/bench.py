@@ -15,6 +15,8 @@ so both compute the same function; the report includes their initial losses / gr
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import os
 import statistics
 import tempfile
@@ -220,6 +222,24 @@ def _llama_cpp_server(path: str, batch: int, ctx_per_row: int, threads: int):
   return xllamacpp.Server(p)
 
 
+def _timed(fn, with_tokens: bool = False):
+  """(fn's tokens or None, seconds fn took)."""
+  t0 = time.perf_counter()
+  tokens = fn()
+  return (tokens if with_tokens else None), time.perf_counter() - t0
+
+
+def _llama_cpp_round(path, rows, ctx_per_row: int, threads: int, new_tokens: int, with_tokens: bool = False):
+  """(tokens or None, seconds) of one llama.cpp round on a server of its own, started and warmed before the
+  clock and gone after it: an idle server's OpenMP threads, spinning under OMP_WAIT_POLICY=active, would
+  otherwise take a core from the rounds of the other variants."""
+  server = _llama_cpp_server(path, len(rows), ctx_per_row, threads)
+  _llama_cpp_generate(server, rows, 2)
+  t0 = time.perf_counter()
+  tokens = _llama_cpp_generate(server, rows, new_tokens, with_tokens)
+  return tokens, time.perf_counter() - t0
+
+
 def _llama_cpp_generate(server, rows, new_tokens: int, with_tokens: bool = False):
   """Greedy completions of the token rows as concurrent requests (the server batches them over its slots); the
   [batch, new_tokens] token ids with `with_tokens` (read from the per-token log-probs), else None."""
@@ -309,32 +329,26 @@ def bench_generate(argv) -> dict:
         with torch.inference_mode():
           return hf_model.generate(ids, **kw)[:, prompt.shape[1]:].numpy()  # noqa: B023 (timed in this iteration)
       runs["hf"] = hf_run
-    server = None
-    if gguf and not args.no_llama_cpp:
+    timed = {name: functools.partial(_timed, fn) for name, fn in runs.items()}
+    if gguf and not args.no_llama_cpp and importlib.util.find_spec("xllamacpp") is not None:
       rows = [r[k > 0] for r, k in zip(prompt, mask)]
-      server = _llama_cpp_server(gguf, b, prompt.shape[1] + args.new_tokens + 16, args.threads)
-      if server is not None:
-        out["llama_cpp_threads"] = args.threads
-        runs["llama_cpp"] = lambda server=server, rows=rows: _llama_cpp_generate(server, rows, args.new_tokens)
-    for name, fn in runs.items():  # compiles the jax programs
-      t0 = time.perf_counter()
-      tokens[name] = fn() if name != "llama_cpp" else _llama_cpp_generate(server, rows, args.new_tokens, True)
-      out[f"{name}_b{b}_first_call_s"] = time.perf_counter() - t0
-    best = {name: float("inf") for name in runs}
+      out["llama_cpp_threads"] = args.threads
+      timed["llama_cpp"] = functools.partial(_llama_cpp_round, gguf, rows, prompt.shape[1] + args.new_tokens + 16,
+                                             args.threads, args.new_tokens)
+    for name, fn in timed.items():  # compiles the jax programs
+      tokens[name], seconds = fn(with_tokens=True)
+      out[f"{name}_b{b}_first_call_s"] = seconds
+    best = {name: float("inf") for name in timed}
     for r in range(args.repeats):
-      for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
-        t0 = time.perf_counter()
-        runs[name]()
-        best[name] = min(best[name], time.perf_counter() - t0)
-    for name in runs:
+      for name in (list(timed) if r % 2 == 0 else list(timed)[::-1]):
+        best[name] = min(best[name], timed[name]()[1])
+    for name in timed:
       out[f"{name}_b{b}_tokens_per_s"] = b * args.new_tokens / best[name]
       out[f"{name}_b{b}_agreement_with_jax_fp32"] = float(np.mean(tokens[name] == tokens["jax_fp32"]))
-      if name != "hf" and "hf" in runs:
+      if name != "hf" and "hf" in timed:
         out[f"{name}_b{b}_speedup_vs_hf"] = best["hf"] / best[name]
-      if name.startswith("jax_") and "llama_cpp" in runs:
+      if name.startswith("jax_") and "llama_cpp" in timed:
         out[f"{name}_b{b}_vs_llama_cpp"] = best["llama_cpp"] / best[name]
-    runs.clear()  # the llama.cpp server (its threads, its KV cache) goes before the next batch size's starts
-    server = None
   out["load_avg_1m_end"] = os.getloadavg()[0]
   return out
 

@@ -27,9 +27,9 @@ On CPU, a uint8 or 4-bit kernel with offsets ("asym"/"best"/int4) meets at most 
 (decoding's) in `kernels.qmatmul_cpu`, a C++ kernel that reads the stored bytes and widens them in registers: 1
 byte (int8) or half a byte (int4) a weight, plus 8 bytes of scale and offset a group, instead of the 4 of the
 dequantized float32 weight, which XLA hoists out of the decode loop. `python -m experiments bench generate
---prompts chat --weights fp32,int8,int4` on SmolLM2-135M-Instruct (2 CPUs) measured batch 1 at 1.9-2.0x fp32's
-tokens/s (int8) and 2.1x (int4), batch 8 at 1.1-1.3x, with the tokens of fp32 (the kernel sums in float32 as
-the dense dot does). Other rows, platforms
+--prompts chat --weights fp32,int8,int4` on SmolLM2-135M-Instruct (2 CPUs) measured batch 1 at 1.9x fp32's
+tokens/s (int8) and 2.0x (int4), batch 8 at 1.1x, with the tokens of fp32 (the kernel sums in float32 as the
+dense dot does). Other rows, platforms
 and kernels are dequantized and multiplied with a dense dot, or, for at most `REDUCE_ROWS` activation rows, by
 a multiply-and-reduce over the contiguous `in` axis that XLA fuses with the conversion; on XLA:CPU that fused
 reduce measured 2-10x slower than the dot inside the decode loop (llama-60m, batch 1), so REDUCE_ROWS is 0.
