@@ -45,56 +45,15 @@ void Offsets(const Args& a, int64_t o, float* zacc) {
   }
 }
 
-// y[r, o] = sum_g s[o, g] (q[o, g, :] . x[r, g, :]) + offsets; each group's dot product is a vector of
-// lane sums, scaled into one accumulator per activation row and reduced once.
-template <int M>
+// y[r, o] = sum_g s[o, g] (q[o, g, :] . x[r, g, :]) + offsets; each group's dot product is a vector of lane sums,
+// scaled into one accumulator per activation row and reduced once. A step reads 16 inputs' weights: 16 bytes
+// (8 bits), or the low or high nibbles of a 32-input block's 16 bytes (4 bits: byte k holds input k in its low
+// nibble and input k + 16 in its high one, GGML's Q4_1 order).
+template <int Bits, int M>
 void Row(const Args& a, int64_t o) {
+  constexpr int64_t kStep = Bits == 8 ? kLanes : 2 * kLanes;  // inputs per 16 bytes
   const int64_t groups = a.in / a.group;
-  const uint8_t* q = a.q + o * a.in;
-  float zacc[M];
-  Offsets<M>(a, o, zacc);
-#if defined(__AVX512F__)
-  __m512 acc[M];
-  for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512 dot[M];
-    for (int r = 0; r < M; ++r) dot[r] = _mm512_setzero_ps();
-    for (int64_t j = g * a.group; j < (g + 1) * a.group; j += kLanes) {
-      const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j));
-      const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q8));
-      for (int r = 0; r < M; ++r) dot[r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a.x + r * a.in + j), dot[r]);
-    }
-    const __m512 sg = _mm512_set1_ps(a.s[o * groups + g]);
-    for (int r = 0; r < M; ++r) acc[r] = _mm512_fmadd_ps(dot[r], sg, acc[r]);
-  }
-  for (int r = 0; r < M; ++r) a.y[r * a.out + o] = _mm512_reduce_add_ps(acc[r]) + zacc[r];
-#else
-  float acc[M][kLanes] = {};
-  for (int64_t g = 0; g < groups; ++g) {
-    float dot[M][kLanes] = {};
-    for (int64_t j = g * a.group; j < (g + 1) * a.group; j += kLanes) {
-      for (int r = 0; r < M; ++r) {
-        for (int l = 0; l < kLanes; ++l) dot[r][l] += static_cast<float>(q[j + l]) * a.x[r * a.in + j + l];
-      }
-    }
-    for (int r = 0; r < M; ++r) {
-      for (int l = 0; l < kLanes; ++l) acc[r][l] += dot[r][l] * a.s[o * groups + g];
-    }
-  }
-  for (int r = 0; r < M; ++r) {
-    float t = 0.f;
-    for (int l = 0; l < kLanes; ++l) t += acc[r][l];
-    a.y[r * a.out + o] = t + zacc[r];
-  }
-#endif
-}
-
-// 4-bit weights: each block of 32 inputs is 16 bytes, byte k holding input k in its low nibble and input k + 16
-// in its high nibble (GGML's Q4_1 order).
-template <int M>
-void Row4(const Args& a, int64_t o) {
-  const int64_t groups = a.in / a.group;
-  const uint8_t* q = a.q + o * (a.in / 2);
+  const uint8_t* q = a.q + o * (a.in * Bits / 8);
   float zacc[M];
   Offsets<M>(a, o, zacc);
 #if defined(__AVX512F__)
@@ -104,13 +63,14 @@ void Row4(const Args& a, int64_t o) {
   for (int64_t g = 0; g < groups; ++g) {
     __m512 dot[M];
     for (int r = 0; r < M; ++r) dot[r] = _mm512_setzero_ps();
-    for (int64_t j = g * a.group; j < (g + 1) * a.group; j += 2 * kLanes) {
-      const __m128i q8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j / 2));
-      const __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(q8, low)));
-      const __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q8, 4), low)));
-      for (int r = 0; r < M; ++r) {
-        dot[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(a.x + r * a.in + j), dot[r]);
-        dot[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(a.x + r * a.in + j + kLanes), dot[r]);
+    for (int64_t j = g * a.group; j < (g + 1) * a.group; j += kStep) {
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + j * Bits / 8));
+      for (int h = 0; h < kStep / kLanes; ++h) {  // 8 bits: the bytes; 4 bits: low nibbles, then high ones
+        const __m128i v = Bits == 8 ? b : _mm_and_si128(h ? _mm_srli_epi16(b, 4) : b, low);
+        const __m512 w = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+        for (int r = 0; r < M; ++r) {
+          dot[r] = _mm512_fmadd_ps(w, _mm512_loadu_ps(a.x + r * a.in + j + h * kLanes), dot[r]);
+        }
       }
     }
     const __m512 sg = _mm512_set1_ps(a.s[o * groups + g]);
@@ -121,12 +81,14 @@ void Row4(const Args& a, int64_t o) {
   float acc[M][kLanes] = {};
   for (int64_t g = 0; g < groups; ++g) {
     float dot[M][kLanes] = {};
-    for (int64_t j = g * a.group; j < (g + 1) * a.group; j += 2 * kLanes) {
-      for (int r = 0; r < M; ++r) {
-        for (int l = 0; l < kLanes; ++l) {
-          const uint8_t b = q[j / 2 + l];
-          dot[r][l] += static_cast<float>(b & 0x0F) * a.x[r * a.in + j + l] +
-                       static_cast<float>(b >> 4) * a.x[r * a.in + j + kLanes + l];
+    for (int64_t j = g * a.group; j < (g + 1) * a.group; j += kStep) {
+      for (int h = 0; h < kStep / kLanes; ++h) {
+        for (int r = 0; r < M; ++r) {
+          for (int l = 0; l < kLanes; ++l) {
+            const uint8_t b = q[j * Bits / 8 + (Bits == 8 ? h * kLanes : 0) + l];
+            const uint8_t w = Bits == 8 ? b : (h ? b >> 4 : b & 0x0F);
+            dot[r][l] += static_cast<float>(w) * a.x[r * a.in + j + h * kLanes + l];
+          }
         }
       }
     }
@@ -146,9 +108,9 @@ template <int M>
 void Rows(const Args& a, int64_t o0, int64_t o1) {
   for (int64_t o = o0; o < o1; ++o) {
     if (a.bits == 4) {
-      Row4<M>(a, o);
+      Row<4, M>(a, o);
     } else {
-      Row<M>(a, o);
+      Row<8, M>(a, o);
     }
   }
 }
