@@ -222,7 +222,7 @@ def _llama_cpp_server(path: str, batch: int, ctx_per_row: int, threads: int):
   return xllamacpp.Server(p)
 
 
-def _timed(fn, with_tokens: bool = False):
+def _timed_once(fn, with_tokens: bool = False):
   """(fn's tokens or None, seconds fn took)."""
   t0 = time.perf_counter()
   tokens = fn()
@@ -329,7 +329,7 @@ def bench_generate(argv) -> dict:
         with torch.inference_mode():
           return hf_model.generate(ids, **kw)[:, prompt.shape[1]:].numpy()  # noqa: B023 (timed in this iteration)
       runs["hf"] = hf_run
-    timed = {name: functools.partial(_timed, fn) for name, fn in runs.items()}
+    timed = {name: functools.partial(_timed_once, fn) for name, fn in runs.items()}
     if gguf and not args.no_llama_cpp and importlib.util.find_spec("xllamacpp") is not None:
       rows = [r[k > 0] for r, k in zip(prompt, mask)]
       out["llama_cpp_threads"] = args.threads
