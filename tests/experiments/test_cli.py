@@ -106,8 +106,11 @@ def test_ctrl_c_keeps_complete_checkpoints_and_prints_the_resume_command(tmp_pat
   # far more steps than the run can take before the interrupt, so that a slow poll under load cannot let it finish
   args = [sys.executable, "-m", "experiments", "run", "lm_pretrain", *SMALL, "--set", "steps=100000",
           "--set", "ckpt_every=5", "--set", "log_every=1", "--out", "r"]
+  # the run starts with SIGINT at its default, as from a terminal: a runner started in the background by a
+  # non-interactive shell ignores SIGINT, children inherit that, and the run would rightly leave it ignored
   proc = subprocess.Popen(args, cwd=tmp_path, env=_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+                          stderr=subprocess.PIPE, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
   try:
     metrics, deadline = tmp_path / "r" / "metrics.jsonl", time.time() + 300
     while not (metrics.exists() and metrics.read_text().count("\n") > 12):
@@ -115,7 +118,7 @@ def test_ctrl_c_keeps_complete_checkpoints_and_prints_the_resume_command(tmp_pat
       time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     try:
-      out, err = proc.communicate(timeout=300)  # saving and exiting take long at a load of 8 on 2 cores
+      out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:  # stuck: SIGABRT makes faulthandler print every thread's stack
       proc.send_signal(signal.SIGABRT)
       err = proc.communicate(timeout=60)[1]
